@@ -1,0 +1,82 @@
+"""`self`: the target's own first k layers + final norm + LM head as a training-free draft model
+(a layer-skip self-draft), with its own KV cache, drafting autoregressively."""
+
+from __future__ import annotations
+
+import torch
+
+from specbench.drafters import DRAFTERS
+from specbench.drafters.base import Drafter, DraftState
+from specbench.models.decoder import ForwardOutput, KVCache
+from specbench.models.target import TargetModel
+from specbench.trees.base import DraftTree, TreePolicy
+from specbench.verify.base import VerifyResult
+from specbench.verify.sampling import process_logits
+
+
+@DRAFTERS.register("self")
+class SelfDrafter(Drafter):
+    """Chain drafting with the shallow model. Its cache holds the committed tokens; each round feeds
+    whatever committed tokens it has not seen (the anchor, and the last accepted draft when the whole
+    chain was accepted) in one pass, then drafts one token per step. Greedy draft by default; when the
+    verifier reads draft probabilities (rejection sampling at T > 0) it samples from its processed law."""
+
+    name = "self"
+    policies = ("chain",)
+
+    def __init__(self, target: TargetModel, layers: int | None = None) -> None:
+        super().__init__(target)
+        total = target.config.num_layers
+        self.layers = layers if layers is not None else max(1, total // 2)
+        if not 1 <= self.layers <= total:
+            raise ValueError(f"self drafter: layers must be in [1, {total}], got {self.layers}")
+        self.cache: KVCache | None = None
+        self.fed = 0  # committed tokens the draft cache holds (a prefix of state.tokens)
+        self.appended = 0  # draft tokens appended after them in the last round
+
+    def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
+        if self.cache is None or self.cache.max_seq_len < max_seq_len:
+            self.cache = self.target.new_cache(max_seq_len, num_layers=self.layers)
+        self.cache.reset()
+        self.fed = 0
+        self.appended = 0
+
+    def _step(self, tokens: list[int], start: int) -> torch.Tensor:
+        """Append `tokens` at positions start.. to the draft cache; logits [V] of the last one."""
+        assert self.cache is not None
+        dev = self.target.device
+        ids = torch.tensor([tokens], dtype=torch.long, device=dev)
+        pos = torch.arange(start, start + len(tokens), device=dev)[None]
+        out = self.target.forward(ids, pos, self.cache, None, (), logits_rows="last", num_layers=self.layers,
+                                  kv_len=start + len(tokens))
+        self.cache.advance(len(tokens))
+        return out.logits[0, -1]
+
+    def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
+        assert self.cache is not None, "begin() was not called"
+        pending = state.tokens[self.fed:]
+        logits = self._step(pending, self.fed)
+        self.fed = len(state.tokens)
+        drafted: list[int] = []
+        rows: list[torch.Tensor] = []
+        for step in range(budget):
+            if state.want_draft_probs:
+                q = process_logits(logits, state.sampling)
+                tok = int(torch.multinomial(q.cpu().double(), 1, generator=state.generator))
+                rows.append(q)
+            else:
+                tok = int(logits.argmax())
+            drafted.append(tok)
+            if step + 1 < budget:
+                logits = self._step([tok], self.fed + step)
+        self.appended = len(drafted) - 1
+        probs = torch.stack(rows) if rows else None
+        tree = DraftTree.chain(state.anchor, drafted, draft_probs=probs, device=self.target.device)
+        return tree
+
+    def observe(self, tree: DraftTree, result: VerifyResult, target_out: ForwardOutput) -> None:
+        # Accepted drafts were fed at the positions they now hold; keep those, drop the rest.
+        assert self.cache is not None
+        keep = min(result.accepted_drafts, self.appended)
+        self.cache.truncate(self.fed + keep)
+        self.fed += keep

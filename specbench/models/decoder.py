@@ -1,0 +1,326 @@
+"""A native Llama / Qwen2 / Qwen3 decoder with a preallocated static KV cache, in the gpt-fast spirit.
+
+One forward serves prefill, plain decoding and tree verification: N new tokens are appended to the
+cache at slots [len, len + N) of each row; each new token attends to the whole committed prefix
+[0, len) and to the new tokens its `tree_mask` row allows (causal for a chain, ancestors for a tree).
+Positions are passed explicitly (a tree node's position is committed length + depth).
+
+The attention backend is pluggable (`ATTENTION_BACKENDS`): `sdpa` is the PyTorch reference with a
+dense boolean mask over the cache; the Triton tree-attention kernel plugs in beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specbench.models.config import ModelConfig
+
+
+# --------------------------------------------------------------------------------------------
+# KV cache
+# --------------------------------------------------------------------------------------------
+class KVCache:
+    """Static K/V buffers for every layer, plus the committed length of each batch row.
+
+    k, v: [L, B, H_kv, S, D]. `lengths` [B] (device, int64) is what the forward reads, so a captured
+    graph can replay with new lengths; `host_lengths` mirrors it for the engine's bookkeeping.
+    """
+
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (num_layers, batch, num_kv_heads, max_seq_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.host_lengths = [0] * batch
+        self.max_seq_len = max_seq_len
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def reset(self) -> None:
+        self.lengths.zero_()
+        self.host_lengths = [0] * self.batch
+
+    def advance(self, count: int, row: int = 0) -> None:
+        """The `count` appended tokens of `row` are all kept in place (prefill, or an accepted chain)."""
+        self.lengths[row] += count
+        self.host_lengths[row] += count
+
+    def commit(self, path: Sequence[int] | Tensor, row: int = 0) -> None:
+        """Keep the appended nodes `path` (indices into the last forward's N new tokens, increasing,
+        starting with the root 0) as the next causal prefix of `row`: their K/V move to slots
+        [len, len + P) and len grows by P. Unkept appended slots become free."""
+        base = self.host_lengths[row]
+        if isinstance(path, Sequence) and list(path) == list(range(len(path))):
+            if base + len(path) > self.max_seq_len:
+                raise RuntimeError(f"KV cache overflow: {base + len(path)} > max_seq_len {self.max_seq_len}")
+            return self.advance(len(path), row)  # a prefix of the appended block: nothing moves
+        p = torch.as_tensor(path, dtype=torch.long, device=self.k.device)
+        count = int(p.numel())
+        if count == 0:
+            return
+        if base + count > self.max_seq_len:
+            raise RuntimeError(f"KV cache overflow: {base + count} > max_seq_len {self.max_seq_len}")
+        src = base + p
+        dst = torch.arange(base, base + count, device=self.k.device)
+        for buf in (self.k, self.v):  # all layers at once; index_select copies before the write
+            buf[:, row].index_copy_(2, dst, buf[:, row].index_select(2, src))
+        self.lengths[row] += count
+        self.host_lengths[row] = base + count
+
+    def truncate(self, length: int, row: int = 0) -> None:
+        """Forget everything after `length` tokens of `row`."""
+        self.lengths[row] = length
+        self.host_lengths[row] = length
+
+
+def attention_mask(lengths: Tensor, tree_mask: Tensor, kv_len: int) -> Tensor:
+    """Dense boolean mask [B, 1, N, kv_len]: new token i of row b sees slot s iff s < len[b] (committed
+    prefix) or s = len[b] + j with tree_mask[b, i, j]. Built on the device: no host sync."""
+    b, n, _ = tree_mask.shape
+    slots = torch.arange(kv_len, device=tree_mask.device)
+    prefix = slots[None, :] < lengths[:, None]  # [B, kv]
+    rel = slots[None, :] - lengths[:, None]  # [B, kv]: index among the new tokens
+    in_new = (rel >= 0) & (rel < n)
+    gathered = tree_mask.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(b, n, kv_len))  # [B, N, kv]
+    return (prefix[:, None, :] | (gathered & in_new[:, None, :]))[:, None]
+
+
+# --------------------------------------------------------------------------------------------
+# Attention backends: (q [B,H,N,D], k_cache [B,Hkv,S,D], v_cache, meta) -> [B,H,N,D]
+# --------------------------------------------------------------------------------------------
+@dataclass
+class AttentionMeta:
+    """Host-side planning shared by every layer of one forward (flashinfer's plan/run split)."""
+
+    lengths: Tensor  # [B] committed length per row
+    tree_mask: Tensor  # [B, N, N] bool
+    kv_len: int  # cache slots the kernel reads: >= max(len) + N
+    dense_mask: Tensor | None = None  # [B, 1, N, kv_len], built lazily by the sdpa backend
+
+
+def sdpa_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
+    if meta.dense_mask is None:
+        meta.dense_mask = attention_mask(meta.lengths, meta.tree_mask, meta.kv_len)
+    k = k_cache[:, :, : meta.kv_len]
+    v = v_cache[:, :, : meta.kv_len]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=meta.dense_mask, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+AttentionFn = Callable[[Tensor, Tensor, Tensor, AttentionMeta, float], Tensor]
+ATTENTION_BACKENDS: dict[str, str | AttentionFn] = {
+    "sdpa": sdpa_attention,
+    "triton": "specbench.models.triton_attention:triton_tree_attention",
+}
+
+
+def get_attention_backend(name: str) -> AttentionFn:
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(ATTENTION_BACKENDS)}")
+    fn = ATTENTION_BACKENDS[name]
+    if isinstance(fn, str):
+        from specbench.registry import import_dotted
+
+        fn = import_dotted(fn)
+    return fn  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> Tensor:
+    """Inverse frequencies [D/2] for the config's RoPE type (default, linear, llama3)."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    sc = cfg.rope_scaling
+    if not sc:
+        return inv
+    kind = sc.get("rope_type", sc.get("type"))
+    if kind == "linear":
+        return inv / float(sc["factor"])
+    if kind == "llama3":
+        factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old = float(sc["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= old / hi) & (wavelen <= old / lo)
+        return torch.where(is_mid, mid, scaled)
+    raise ValueError(f"RoPE type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, N, H, D]; cos/sin [B, N, 1, D] (rotate-half convention of HF checkpoints)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.wqkv = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                slots: Tensor, meta: AttentionMeta, attend: AttentionFn) -> Tensor:
+        b, n, _ = x.shape
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        q, k, v = self.wqkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)
+        q = q.view(b, n, self.n_heads, self.head_dim)  # [B, N, H, D]
+        k = k.view(b, n, self.n_kv, self.head_dim)  # [B, N, Hkv, D]
+        v = v.view(b, n, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Append the new K/V at their slots: [B, Hkv, N, D] scattered along the sequence dim.
+        index = slots[:, None, :, None].expand(b, self.n_kv, n, self.head_dim)
+        k_cache.scatter_(2, index, k.transpose(1, 2).to(k_cache.dtype))
+        v_cache.scatter_(2, index, v.transpose(1, 2).to(v_cache.dtype))
+        y = attend(q.transpose(1, 2), k_cache, v_cache, meta, self.scale)  # [B, H, N, D]
+        return self.wo(y.transpose(1, 2).reshape(b, n, q_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                slots: Tensor, meta: AttentionMeta, attend: AttentionFn) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, k_cache, v_cache, slots, meta, attend)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+@dataclass
+class ForwardOutput:
+    logits: Tensor  # [B, N', V] for the requested rows
+    hidden: dict[int, Tensor]  # tap layer index -> output of that layer [B, N, d]
+    final_hidden: Tensor | None = None  # [B, N, d] after the final norm (when asked)
+
+
+class Transformer(nn.Module):
+    """Embedding -> decoder layers -> final RMSNorm -> LM head (tied or not)."""
+
+    def __init__(self, cfg: ModelConfig, attention: str = "sdpa") -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.attention = attention
+        self._attend = get_attention_backend(attention)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
+
+    def set_attention(self, name: str) -> None:
+        self._attend = get_attention_backend(name)
+        self.attention = name
+
+    def new_cache(self, batch: int, max_seq_len: int, num_layers: int | None = None) -> KVCache:
+        cfg = self.config
+        p = self.embed.weight
+        return KVCache(num_layers or cfg.num_layers, batch, cfg.num_kv_heads, max_seq_len, cfg.head_dim, p.dtype, p.device)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions [B, N] -> cos, sin [B, N, 1, D] in the model dtype (computed in fp32)."""
+        freqs = positions[..., None].float() * self.inv_freq  # [B, N, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
+        dtype = self.embed.weight.dtype
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: KVCache,
+        tree_mask: Tensor | None = None,
+        taps: Sequence[int] = (),
+        logits_rows: Tensor | str | None = None,
+        num_layers: int | None = None,
+        kv_len: int | None = None,
+        return_final_hidden: bool = False,
+    ) -> ForwardOutput:
+        """Run N new tokens per row.
+
+        tokens, positions [B, N]; tree_mask [B, N, N] bool (None = causal among the new tokens);
+        taps: layer indices whose outputs to return; logits_rows: None = all rows, "last" = the last
+        row only, or an index tensor [N'] of rows; num_layers: run only the first layers (a
+        shallow self-draft model; the cache must have that many layers); kv_len: cache slots to read
+        (>= max committed length + N; None = the whole cache, graph-friendly).
+        """
+        b, n = tokens.shape
+        if tree_mask is None:
+            tree_mask = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril_()[None].expand(b, n, n)
+        layers = self.layers if num_layers is None else self.layers[:num_layers]
+        if cache.k.shape[0] < len(layers):
+            raise ValueError(f"cache has {cache.k.shape[0]} layers, forward runs {len(layers)}")
+        if kv_len is None:
+            kv_len = cache.max_seq_len
+        slots = cache.lengths[:, None] + torch.arange(n, device=tokens.device)  # [B, N]
+        meta = AttentionMeta(lengths=cache.lengths, tree_mask=tree_mask, kv_len=kv_len)
+        cos, sin = self.rope(positions)
+        x = self.embed(tokens)  # [B, N, d]
+        hidden: dict[int, Tensor] = {}
+        tap_set = set(taps)
+        for i, layer in enumerate(layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], slots, meta, self._attend)
+            if i in tap_set:
+                hidden[i] = x
+        missing = tap_set - set(hidden)
+        if missing:
+            raise ValueError(f"tap layers {sorted(missing)} are outside the {len(layers)} layers run")
+        if isinstance(logits_rows, str):
+            if logits_rows != "last":
+                raise ValueError("logits_rows must be None, 'last' or an index tensor")
+            x_out = x[:, -1:]
+        elif logits_rows is not None:
+            x_out = x[:, logits_rows]
+        else:
+            x_out = x
+        final = self.norm(x_out)
+        return ForwardOutput(logits=self.lm_head(final), hidden=hidden,
+                             final_hidden=final if return_final_hidden else None)

@@ -1,0 +1,258 @@
+"""`DraftTree`, the draft scores a parallel drafter hands to a policy, and the `TreePolicy` interface.
+
+Conventions (DESIGN.md): node 0 is the root = the anchor (last committed token, not yet run through
+the target); parents precede children; depth(root) = 0; `budget` counts draft nodes, root excluded.
+This module is pure: tensors in, tensors out; it never imports models or the engine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, ClassVar, Sequence
+
+import torch
+from torch import Tensor
+
+
+class TreeError(ValueError):
+    """A tree that breaks the DraftTree invariants."""
+
+
+@dataclass(eq=False)
+class DraftTree:
+    """A draft tree of N nodes in flat arrays (node 0 = root/anchor).
+
+    tokens      [N] int64   token of each node (tokens[0] = anchor)
+    parents     [N] int64   parent index, -1 for the root; parents[i] < i
+    depth       [N] int64   root 0, child = parent + 1
+    draft_probs [N, V] f32  optional: the distribution node i's token was drawn from (None = the
+                            drafter chose deterministically, i.e. a point mass); row 0 unused
+    scores      [N] f32     optional: the policy's score of each node (e.g. cumulative draft log-prob)
+    """
+
+    tokens: Tensor
+    parents: Tensor
+    depth: Tensor
+    draft_probs: Tensor | None = None
+    scores: Tensor | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ---- constructors -------------------------------------------------------------------------
+    @classmethod
+    def root_only(cls, anchor: int, device: torch.device | str = "cpu") -> "DraftTree":
+        z = torch.zeros(1, dtype=torch.long, device=device)
+        return cls(tokens=torch.tensor([anchor], dtype=torch.long, device=device), parents=z - 1, depth=z)
+
+    @classmethod
+    def chain(
+        cls,
+        anchor: int,
+        tokens: Sequence[int] | Tensor,
+        draft_probs: Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> "DraftTree":
+        """A single path anchor -> tokens[0] -> tokens[1] ... ; draft_probs [D, V] are the rows of the
+        draft tokens (the root row is added)."""
+        t = torch.as_tensor(tokens, dtype=torch.long)
+        dev = device if device is not None else (t.device if isinstance(tokens, Tensor) else "cpu")
+        t = t.to(dev)
+        n = t.numel() + 1
+        all_tokens = torch.cat([torch.tensor([anchor], dtype=torch.long, device=dev), t])
+        parents = torch.arange(-1, n - 1, dtype=torch.long, device=dev)
+        depth = torch.arange(n, dtype=torch.long, device=dev)
+        probs = None
+        if draft_probs is not None:
+            probs = torch.cat([torch.zeros_like(draft_probs[:1]), draft_probs], dim=0)
+        return cls(tokens=all_tokens, parents=parents, depth=depth, draft_probs=probs)
+
+    @classmethod
+    def from_paths(
+        cls,
+        anchor: int,
+        paths: Sequence[Sequence[int]],
+        device: torch.device | str = "cpu",
+    ) -> "DraftTree":
+        """A trie of token paths below the anchor (shared prefixes are merged), in insertion order."""
+        tokens, parents, depth = [anchor], [-1], [0]
+        child: dict[tuple[int, int], int] = {}
+        for path in paths:
+            node = 0
+            for tok in path:
+                key = (node, int(tok))
+                if key not in child:
+                    child[key] = len(tokens)
+                    tokens.append(int(tok))
+                    parents.append(node)
+                    depth.append(depth[node] + 1)
+                node = child[key]
+        as_t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return cls(tokens=as_t(tokens), parents=as_t(parents), depth=as_t(depth))
+
+    # ---- derived ------------------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def budget(self) -> int:
+        """Draft nodes, root excluded."""
+        return self.num_nodes - 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @cached_property
+    def host(self) -> tuple[list[int], list[int], list[int]]:
+        """(tokens, parents, depth) as Python lists, read once (one device->host copy)."""
+        packed = torch.stack([self.tokens, self.parents, self.depth]).cpu().tolist()
+        return packed[0], packed[1], packed[2]
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        """children[i] = child node ids of i, in node order."""
+        _, parents, _ = self.host
+        out: list[list[int]] = [[] for _ in parents]
+        for i, p in enumerate(parents):
+            if p >= 0:
+                out[p].append(i)
+        return out
+
+    @cached_property
+    def max_depth(self) -> int:
+        return max(self.host[2])
+
+    @cached_property
+    def ancestor_mask(self) -> Tensor:
+        """[N, N] bool: mask[i, j] = j is i or an ancestor of i (what node i may attend to)."""
+        n = self.num_nodes
+        mask = torch.eye(n, dtype=torch.bool, device=self.device)
+        if n == 1:
+            return mask
+        # Pointer doubling: after k steps every node has OR-ed in its 2^k nearest ancestors.
+        jump = self.parents.clamp(min=0)  # root points at itself
+        for _ in range(max(1, self.max_depth).bit_length()):
+            mask = mask | mask[jump]
+            jump = jump[jump]
+        return mask
+
+    def path_to(self, node: int) -> list[int]:
+        """Node ids from the root to `node` (inclusive)."""
+        _, parents, _ = self.host
+        out = [node]
+        while parents[out[-1]] >= 0:
+            out.append(parents[out[-1]])
+        return out[::-1]
+
+    def validate(self) -> "DraftTree":
+        """Check the invariants; raise TreeError saying which one failed. Returns self."""
+        n = self.num_nodes
+        if not (self.tokens.shape == self.parents.shape == self.depth.shape == (n,)):
+            raise TreeError("tokens, parents and depth must all be 1-D of the same length")
+        tokens, parents, depth = self.host
+        if parents[0] != -1 or depth[0] != 0:
+            raise TreeError("node 0 must be the root: parent -1, depth 0")
+        seen: set[tuple[int, int]] = set()
+        for i in range(1, n):
+            p = parents[i]
+            if not 0 <= p < i:
+                raise TreeError(f"node {i} has parent {p}: parents must precede children")
+            if depth[i] != depth[p] + 1:
+                raise TreeError(f"node {i} has depth {depth[i]} but its parent has depth {depth[p]}")
+            if (p, tokens[i]) in seen:
+                raise TreeError(f"node {i} duplicates token {tokens[i]} under parent {p}")
+            seen.add((p, tokens[i]))
+        if self.draft_probs is not None and self.draft_probs.shape[0] != n:
+            raise TreeError(f"draft_probs has {self.draft_probs.shape[0]} rows for {n} nodes")
+        return self
+
+    def to_networkx(self) -> Any:
+        """A networkx DiGraph with edges parent -> child; node attributes token, depth (and score)."""
+        import networkx as nx
+
+        tokens, parents, depth = self.host
+        scores = self.scores.tolist() if self.scores is not None else None
+        g = nx.DiGraph()
+        for i in range(self.num_nodes):
+            attrs: dict[str, Any] = {"token": tokens[i], "depth": depth[i]}
+            if scores is not None:
+                attrs["score"] = scores[i]
+            g.add_node(i, **attrs)
+            if parents[i] >= 0:
+                g.add_edge(parents[i], i)
+        return g
+
+    def subtree(self, keep: Sequence[int] | Tensor) -> "DraftTree":
+        """The tree restricted to the node ids `keep` (must contain the root and be closed under
+        parents), re-indexed in increasing original order."""
+        keep_t = torch.as_tensor(keep, dtype=torch.long, device=self.device).unique(sorted=True)
+        new_index = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
+        new_index[keep_t] = torch.arange(keep_t.numel(), device=self.device)
+        old_parents = self.parents[keep_t]
+        parents = torch.where(old_parents >= 0, new_index[old_parents.clamp(min=0)], old_parents)
+        if bool((parents[1:] < 0).any()) or int(keep_t[0]) != 0:
+            raise TreeError("subtree(): the kept nodes must include the root and every kept node's parent")
+        return DraftTree(
+            tokens=self.tokens[keep_t],
+            parents=parents,
+            depth=self.depth[keep_t],
+            draft_probs=None if self.draft_probs is None else self.draft_probs[keep_t],
+            scores=None if self.scores is None else self.scores[keep_t],
+            meta=dict(self.meta),
+        )
+
+
+@dataclass(eq=False)
+class DepthScores:
+    """What a parallel drafter proposes: one draft distribution per depth below the anchor.
+
+    logp [D, V]: log-probabilities (full-vocabulary normalised) of the token at depth d+1, for
+    d = 0..D-1 (a factorised surrogate of the draft's joint law; tree policies read only this).
+    """
+
+    anchor: int
+    logp: Tensor
+
+    @property
+    def depth(self) -> int:
+        return int(self.logp.shape[0])
+
+    def topk(self, k: int) -> tuple[Tensor, Tensor]:
+        """(tokens [D, k], logp [D, k]) sorted by descending log-prob (ties: lower token id first)."""
+        k = min(k, self.logp.shape[-1])
+        vals, idx = torch.topk(self.logp, k, dim=-1, sorted=True)
+        return idx, vals
+
+
+class TreePolicy(ABC):
+    """Turns a drafter's scores into the tree the target verifies, under a budget.
+
+    `build` serves parallel drafters (one set of per-depth scores). `select` serves drafters that
+    produce a scored candidate tree themselves (n-gram tries, autoregressive expansion, re-selection
+    by path-conditioned scores): it keeps the best `budget` nodes under the policy's rule.
+    """
+
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def build(self, scores: DepthScores, budget: int) -> DraftTree: ...
+
+    def select(self, candidates: DraftTree, budget: int) -> DraftTree:
+        """Default: the `budget` highest-scoring nodes (scores must not increase from parent to child,
+        as cumulative log-probs do, so the kept set is closed under parents). Ties: lower node id."""
+        return select_top_scores(candidates, budget)
+
+
+def select_top_scores(candidates: DraftTree, budget: int) -> DraftTree:
+    if candidates.scores is None:
+        raise TreeError("select() needs candidates.scores (e.g. cumulative draft log-probs)")
+    n = candidates.num_nodes
+    if n - 1 <= budget:
+        return candidates
+    scores = candidates.scores[1:].double()
+    # Stable descending sort: equal scores keep node order, so a parent precedes an equal child.
+    order = torch.sort(-scores, stable=True).indices[:budget] + 1
+    keep = torch.cat([torch.zeros(1, dtype=torch.long, device=candidates.device), order.to(candidates.device)])
+    return candidates.subtree(keep)
