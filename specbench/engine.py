@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ from specbench.stats import RequestStats, RoundStats, StageTimer
 from specbench.trees import TREE_POLICIES
 from specbench.trees.base import DepthScores, DraftTree, TreePolicy
 from specbench.verify import VERIFIERS
-from specbench.verify.base import TorchRandomness, Verifier
+from specbench.verify.base import Randomness, TorchRandomness, Verifier, VerifyResult
 
 
 class NonFiniteLogitsError(FloatingPointError):
@@ -121,7 +121,19 @@ class SpecDecoder:
                 f"max_new_tokens, or raise max_seq_len (at most {self.target.config.max_position_embeddings})")
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingConfig | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        *,
+        rng: Randomness | None = None,
+        draft_rng: Randomness | None = None,
+        on_round: Callable[[int, DraftTree, VerifyResult], None] | None = None,
+    ) -> GenerationResult:
+        """Decode one request. Randomness comes from two independent streams seeded by
+        `sampling.seed` (verification and drafting); tests may pass their own `rng`/`draft_rng`
+        (e.g. an enumerator). `on_round(round_no, tree, result)` sees every verified tree."""
         sampling = sampling or SamplingConfig()
         prompt = [int(t) for t in prompt_ids]
         if max_new_tokens < 1:
@@ -133,8 +145,8 @@ class SpecDecoder:
             raise ConfigError(f"prompt token ids must lie in [0, {vocab})")
         target, cache, timer = self.target, self.cache, self.timer
         device = target.device
-        rng = TorchRandomness(_derived_seed(sampling.seed, "verify"))
-        draft_gen = torch.Generator(device="cpu").manual_seed(_derived_seed(sampling.seed, "draft"))
+        rng = rng or TorchRandomness(_derived_seed(sampling.seed, "verify"))
+        draft_rng = draft_rng or TorchRandomness(_derived_seed(sampling.seed, "draft"))
         taps = self.drafter.taps if self.drafter is not None else ()
         eos = set(target.eos_token_ids)
         stats = RequestStats(prompt_tokens=len(prompt))
@@ -153,7 +165,7 @@ class SpecDecoder:
         first = self.verifier.verify(DraftTree.root_only(prompt[-1], device), out.logits[0], sampling, rng)
         tokens = prompt + first.tokens
         generated = list(first.tokens)
-        state = DraftState(tokens=tokens, prompt_len=len(prompt), sampling=sampling, generator=draft_gen,
+        state = DraftState(tokens=tokens, prompt_len=len(prompt), sampling=sampling, draft_rng=draft_rng,
                            want_draft_probs=self.verifier.needs_draft_probs and not sampling.greedy)
         if self.drafter is not None and generated[-1] not in eos and max_new_tokens > 1:
             self.drafter.begin(state, out, self.max_seq_len)
@@ -182,6 +194,8 @@ class SpecDecoder:
                 self._check_finite(out.logits, f"round {round_no}")
             with timer.stage("verify"):
                 res = self.verifier.verify(tree, out.logits[0], sampling, rng)
+            if on_round is not None:
+                on_round(round_no, tree, res)
             with timer.stage("commit"):
                 cache.commit(res.path)
                 if self.drafter is not None:

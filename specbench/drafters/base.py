@@ -13,13 +13,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
-
 from specbench.config import SamplingConfig
 from specbench.models.decoder import ForwardOutput
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
-from specbench.verify.base import VerifyResult
+from specbench.verify.base import Randomness, VerifyResult
 
 
 @dataclass
@@ -34,7 +32,7 @@ class DraftState:
     tokens: list[int]
     prompt_len: int
     sampling: SamplingConfig
-    generator: torch.Generator  # the drafter's own random stream (independent of verification)
+    draft_rng: Randomness  # the drafter's own random stream (independent of verification)
     want_draft_probs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

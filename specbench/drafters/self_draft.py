@@ -62,7 +62,7 @@ class SelfDrafter(Drafter):
         for step in range(budget):
             if state.want_draft_probs:
                 q = process_logits(logits, state.sampling)
-                tok = int(torch.multinomial(q.cpu().double(), 1, generator=state.generator))
+                tok = state.draft_rng.categorical(q)
                 rows.append(q)
             else:
                 tok = int(logits.argmax())
