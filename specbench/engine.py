@@ -67,7 +67,8 @@ def _derived_seed(seed: int, stream: str) -> int:
 class SpecDecoder:
     """Speculative (or, with no drafter, plain autoregressive) decoding of one request at a time.
 
-    The KV cache is allocated once for `max_seq_len` tokens and reused across requests.
+    The KV cache is allocated once for `max_seq_len` tokens (default: min(2048, the target's
+    context)) and reused across requests.
     """
 
     def __init__(
@@ -75,16 +76,19 @@ class SpecDecoder:
         target: TargetModel,
         spec: SpecConfig | None = None,
         *,
-        max_seq_len: int = 2048,
+        max_seq_len: int | None = None,
         drafter: Drafter | None = None,
         policy: TreePolicy | None = None,
         verifier: Verifier | None = None,
         sync_stages: bool | None = None,
         check_finite: bool = True,
+        cuda_graphs: bool | None = None,
     ) -> None:
         self.target = target
         self.spec = spec or SpecConfig()
-        if max_seq_len > target.config.max_position_embeddings:
+        context = target.config.max_position_embeddings
+        max_seq_len = max_seq_len if max_seq_len is not None else min(2048, context)
+        if max_seq_len > context:
             raise ConfigError(
                 f"max_seq_len {max_seq_len} exceeds the target's context ({target.config.max_position_embeddings})")
         self.max_seq_len = max_seq_len
@@ -104,6 +108,13 @@ class SpecDecoder:
         self.timer = StageTimer(torch.cuda.synchronize if (is_cuda if sync_stages is None else sync_stages) else None)
         self.check_finite = check_finite
         self._timed_policy = TimedPolicy(self.policy, self.timer)
+        # Verify forwards replay CUDA graphs on the GPU (trees padded to 1 + budget nodes).
+        self._graphed = None
+        if is_cuda if cuda_graphs is None else cuda_graphs:
+            from specbench.models.graphs import GraphedForward
+
+            taps = drafter.taps if drafter is not None else ()
+            self._graphed = GraphedForward(target.model, self.cache, buckets=[1 + self.budget], taps=taps)
 
     @property
     def budget(self) -> int:
@@ -189,8 +200,11 @@ class SpecDecoder:
             n = tree.num_nodes
             with timer.stage("verify_forward"):
                 positions = (state.cache_len + tree.depth)[None]
-                out = target.forward(tree.tokens[None], positions, cache, tree.ancestor_mask[None], taps,
-                                     kv_len=state.cache_len + n)
+                if self._graphed is not None:
+                    out = self._graphed(tree.tokens[None], positions, tree.ancestor_mask[None])
+                else:
+                    out = target.forward(tree.tokens[None], positions, cache, tree.ancestor_mask[None], taps,
+                                         kv_len=state.cache_len + n)
                 self._check_finite(out.logits, f"round {round_no}")
             with timer.stage("verify"):
                 res = self.verifier.verify(tree, out.logits[0], sampling, rng)
@@ -228,6 +242,6 @@ class SpecDecoder:
                 f"(bf16/fp16 overflow?), or load the target in float32")
 
 
-def ar_decoder(target: TargetModel, max_seq_len: int = 2048, verifier: str = "greedy") -> SpecDecoder:
+def ar_decoder(target: TargetModel, max_seq_len: int | None = None, verifier: str = "greedy") -> SpecDecoder:
     """The fair baseline: the same loop, model code and cache, with no drafter."""
     return SpecDecoder(target, SpecConfig(drafter=None, verifier=verifier), max_seq_len=max_seq_len)

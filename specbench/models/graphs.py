@@ -1,0 +1,101 @@
+"""CUDA-graph replay of the target forward at fixed token counts (the GPU decode path).
+
+A model as small as SmolLM2 is bound by kernel launches, not bytes (30 layers x ~10 kernels per step):
+capturing the forward once per static shape and replaying it removes that. Shapes are made static by
+padding: a tree of n < N nodes is padded to the bucket size N with inert nodes that attend only to
+themselves and that no real node attends to; their K/V land in cache slots past the real nodes, which
+`KVCache.commit` never keeps. The forward reads the whole cache (kv_len = None) with the committed
+lengths taken from the device tensor, so one graph serves every context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from specbench.models.decoder import ForwardOutput, KVCache, Transformer
+
+
+def pad_tree_inputs(tokens: Tensor, positions: Tensor, tree_mask: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Pad [B, n] tokens/positions and a [B, n, n] mask to `size` with inert nodes (token 0, the last
+    real position, attending only to themselves)."""
+    b, n = tokens.shape
+    if n == size:
+        return tokens, positions, tree_mask
+    if n > size:
+        raise ValueError(f"{n} tree nodes do not fit a graph bucket of {size}")
+    pad = size - n
+    tokens = torch.cat([tokens, tokens.new_zeros(b, pad)], dim=1)
+    positions = torch.cat([positions, positions[:, -1:].expand(b, pad)], dim=1)
+    mask = torch.zeros(b, size, size, dtype=torch.bool, device=tree_mask.device)
+    mask[:, :n, :n] = tree_mask
+    idx = torch.arange(n, size, device=tree_mask.device)
+    mask[:, idx, idx] = True
+    return tokens, positions, mask
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    tokens: Tensor  # [B, N] static input buffers
+    positions: Tensor
+    tree_mask: Tensor
+    out: ForwardOutput  # static outputs
+
+
+class GraphedForward:
+    """`forward(tokens, positions, tree_mask)` for one model + cache + taps, replayed from CUDA graphs
+    captured lazily per bucket size (the smallest bucket >= n nodes)."""
+
+    def __init__(self, model: Transformer, cache: KVCache, buckets: Sequence[int], taps: Sequence[int] = (),
+                 num_layers: int | None = None) -> None:
+        if model.embed.weight.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.model, self.cache = model, cache
+        self.buckets = sorted(set(int(b) for b in buckets))
+        self.taps, self.num_layers = tuple(taps), num_layers
+        self.graphs: dict[int, _Graph] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def bucket(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"{n} tokens exceed the largest graph bucket {self.buckets[-1]}")
+
+    def _capture(self, size: int) -> _Graph:
+        dev = self.model.embed.weight.device
+        b = self.cache.batch
+        tokens = torch.zeros(b, size, dtype=torch.long, device=dev)
+        positions = torch.zeros(b, size, dtype=torch.long, device=dev)
+        mask = torch.eye(size, dtype=torch.bool, device=dev)[None].expand(b, size, size).contiguous()
+        saved = self.cache.lengths.clone()
+        run = lambda: self.model(tokens, positions, self.cache, mask, self.taps, num_layers=self.num_layers)  # noqa: E731
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):  # warm-up (allocator, lazy init) outside the graph
+                run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+            out = run()
+        self.cache.lengths.copy_(saved)  # capture wrote dummy K/V past the committed prefix only
+        return _Graph(graph, tokens, positions, mask, out)
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Tensor, positions: Tensor, tree_mask: Tensor) -> ForwardOutput:
+        n = tokens.shape[1]
+        size = self.bucket(n)
+        g = self.graphs.get(size)
+        if g is None:
+            g = self.graphs[size] = self._capture(size)
+        t, p, m = pad_tree_inputs(tokens, positions, tree_mask, size)
+        g.tokens.copy_(t)
+        g.positions.copy_(p)
+        g.tree_mask.copy_(m)
+        g.graph.replay()
+        return ForwardOutput(logits=g.out.logits[:, :n], hidden={k: v[:, :n] for k, v in g.out.hidden.items()})

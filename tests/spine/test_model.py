@@ -1,0 +1,135 @@
+"""The native decoder against transformers' own implementation, the tree forward against chains,
+and KV-cache commit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.models import load_target
+from specbench.models.loader import native_to_hf
+from specbench.trees.base import DraftTree
+
+
+def _hf_reference(target):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**target.config.to_hf())
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    missing, unexpected = model.load_state_dict(native_to_hf(target.config, target.model.state_dict()), strict=False)
+    assert not unexpected and all("lm_head" in m for m in missing)
+    model.tie_weights()
+    return model
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_parity_with_transformers_random(preset: str) -> None:
+    target = load_target(f"random:{preset}@3")
+    ref = _hf_reference(target)
+    ids = torch.randint(0, target.config.vocab_size, (1, 37), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+    cache = target.new_cache(64)
+    got = target.forward(ids, torch.arange(37)[None], cache).logits
+    assert _rel(got, expected) <= 1e-4
+
+
+def test_parity_with_transformers_smollm2(smollm2) -> None:
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(smollm2.meta["source"], dtype=torch.float32).eval()
+    ids = torch.tensor([smollm2.encode_chat("Write a Python function that reverses a string.")])
+    with torch.no_grad():
+        expected = ref(ids).logits
+    n = ids.shape[1]
+    got = smollm2.forward(ids, torch.arange(n)[None], smollm2.new_cache(128), kv_len=n).logits
+    assert _rel(got, expected) <= 1e-4
+
+
+def _prefill(target, prompt: list[int], max_len: int = 96):
+    cache = target.new_cache(max_len)
+    n = len(prompt)
+    target.forward(torch.tensor([prompt]), torch.arange(n)[None], cache)
+    cache.advance(n)
+    return cache
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_tree_forward_equals_each_branch_as_a_chain(preset: str) -> None:
+    target = load_target(f"random:{preset}@1")
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 96, (11,), generator=g).tolist()
+    tree = DraftTree.from_paths(7, [[3, 9, 4], [3, 1], [8, 2, 2, 5], [8, 6]])
+    cache = _prefill(target, prompt)
+    n0 = len(prompt)
+    out = target.forward(tree.tokens[None], (n0 + tree.depth)[None], cache, tree.ancestor_mask[None], taps=(0, 1))
+    for leaf in (i for i in range(tree.num_nodes) if not tree.children[i]):
+        path = tree.path_to(leaf)
+        chain_cache = _prefill(target, prompt)
+        toks = tree.tokens[path][None]
+        ref = target.forward(toks, torch.arange(n0, n0 + len(path))[None], chain_cache, taps=(0, 1))
+        torch.testing.assert_close(out.logits[0, path], ref.logits[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.hidden[1][0, path], ref.hidden[1][0], rtol=1e-5, atol=1e-5)
+
+
+def test_commit_turns_accepted_branch_into_causal_prefix() -> None:
+    target = load_target("random:tiny-llama@2")
+    prompt = list(range(5, 17))
+    tree = DraftTree.from_paths(4, [[10, 11], [20, 21, 22], [30]])
+    cache = _prefill(target, prompt)
+    n0 = len(prompt)
+    target.forward(tree.tokens[None], (n0 + tree.depth)[None], cache, tree.ancestor_mask[None])
+    path = tree.path_to(5)  # root -> 20 -> 21 -> 22 (node ids 0, 3, 4, 5)
+    cache.commit(path)
+    assert cache.host_lengths[0] == n0 + 4 and int(cache.lengths[0]) == n0 + 4
+    ref = _prefill(target, prompt + tree.tokens[path].tolist())
+    L = n0 + 4
+    torch.testing.assert_close(cache.k[:, :, :, :L], ref.k[:, :, :, :L], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cache.v[:, :, :, :L], ref.v[:, :, :, :L], rtol=1e-5, atol=1e-6)
+    # the next token sees exactly that prefix
+    nxt = torch.tensor([[42]])
+    a = target.forward(nxt, torch.tensor([[L]]), cache).logits
+    b = target.forward(nxt, torch.tensor([[L]]), ref).logits
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_ancestor_mask_pointer_doubling_matches_walk() -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        n = int(torch.randint(1, 40, (1,), generator=g))
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+        depth = [0] * n
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+        tree = DraftTree(torch.arange(n), torch.tensor(parents), torch.tensor(depth))
+        expected = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            for j in tree.path_to(i):
+                expected[i, j] = True
+        assert torch.equal(tree.ancestor_mask, expected)
+
+
+def test_padded_tree_inputs_leave_real_nodes_unchanged() -> None:
+    """The CUDA-graph path pads trees to a bucket size; the real nodes' outputs must not change and
+    committing the accepted path must ignore the padding."""
+    from specbench.models.graphs import pad_tree_inputs
+
+    target = load_target("random:tiny-qwen3@4")
+    prompt = list(range(3, 15))
+    tree = DraftTree.from_paths(5, [[6, 7], [8]])
+    n0 = len(prompt)
+    tok, pos, mask = tree.tokens[None], (n0 + tree.depth)[None], tree.ancestor_mask[None]
+    plain = target.forward(tok, pos, _prefill(target, prompt), mask, taps=(1,))
+    cache = _prefill(target, prompt)
+    ptok, ppos, pmask = pad_tree_inputs(tok, pos, mask, 9)
+    padded = target.forward(ptok, ppos, cache, pmask, taps=(1,))  # whole cache read, as a graph does
+    n = tree.num_nodes
+    torch.testing.assert_close(padded.logits[:, :n], plain.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded.hidden[1][:, :n], plain.hidden[1], rtol=1e-5, atol=1e-5)
+    cache.commit([0, 1, 2])
+    ref = _prefill(target, prompt + [5, 6, 7])
+    torch.testing.assert_close(cache.k[:, :, :, : n0 + 3], ref.k[:, :, :, : n0 + 3], rtol=1e-5, atol=1e-6)
