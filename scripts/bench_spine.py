@@ -114,7 +114,7 @@ def main() -> None:
         print(f"| {label} | {e2e:.1f} | {dec:.1f} |" if dec == dec else f"| {label} | {e2e:.1f} | - |")
 
     # ---- drafters on GSM8K ---------------------------------------------------------------
-    questions = load_dataset("gsm8k", data_dir=args.data_dir).items[: args.gsm8k]
+    questions = load_dataset("gsm8k", data_dir=args.data_dir, n=args.gsm8k)
     q_ids = [target.encode_chat(item.turns[0]) for item in questions]
     configs = [("AR", None, 0, {})] + [(d, d, b, {}) for d in ("ngram", "self") for b in map(int, args.budgets.split(","))]
     print(f"\nGSM8K test, first {len(q_ids)} questions, greedy, {args.new_tokens} new tokens")

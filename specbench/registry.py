@@ -40,8 +40,9 @@ def import_dotted(path: str) -> Any:
 class Registry(Generic[T]):
     """A named collection of components of one kind (e.g. "drafter")."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, plural: str | None = None) -> None:
         self.kind = kind
+        self.plural = plural or f"{kind}s"
         self._entries: dict[str, T | str] = {}
 
     def register(self, name: str, obj: T | str | None = None) -> Any:
@@ -85,10 +86,10 @@ class Registry(Generic[T]):
             except (ImportError, AttributeError) as exc:
                 raise RegistryError(
                     f"{self.kind} {name!r} is neither registered nor importable ({exc}). "
-                    f"Registered {self.kind}s: {', '.join(self.names())}"
+                    f"Registered {self.plural}: {', '.join(self.names())}"
                 ) from None
         raise RegistryError(
-            f"unknown {self.kind} {name!r}. Registered {self.kind}s: {', '.join(self.names())} "
+            f"unknown {self.kind} {name!r}. Registered {self.plural}: {', '.join(self.names())} "
             f"(or give an importable 'package.module:Class')"
         )
 

@@ -1,0 +1,252 @@
+"""Run a study: every (configuration, dataset item, turn) once, each row appended to the results
+file the moment it finishes, already-finished keys skipped, so an interrupted run resumes.
+
+Fairness: the target is loaded once per (target, device, dtype, attention) and each configuration
+gets one `SpecDecoder` (its KV cache allocated once) with a short throwaway warm-up generation
+before anything is timed. Configurations are interleaved item by item (AR, then every SD
+configuration, on the same prompt) so a machine whose load drifts slows all of them alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from tqdm import tqdm
+
+from specbench.bench.plan import Plan, Variant, ar_config, plan_study, stable_hash
+from specbench.bench.provenance import provenance
+from specbench.bench.store import RESULTS_FILE, ResultsStore
+from specbench.bench.study import DatasetSpec, Study
+from specbench.config import ConfigError
+from specbench.data import Prompt, load_dataset, turn_prompt_ids
+from specbench.engine import GenerationResult, SpecDecoder
+from specbench.models import load_target
+from specbench.models.target import TargetModel
+
+
+def default_out_dir(study: Study) -> Path:
+    return Path("runs") / study.name
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One generation: a configuration on one turn of one dataset item."""
+
+    variant: Variant
+    dataset: DatasetSpec
+    item: Prompt
+    index: int  # position of the item in its dataset
+    turn: int
+
+    @property
+    def key(self) -> str:
+        return unit_key(self.variant, self.dataset, self.item.id, self.turn)
+
+    @property
+    def baseline_key(self) -> str:
+        return unit_key(Variant(ar_config(self.variant.run)), self.dataset, self.item.id, self.turn)
+
+
+def unit_key(variant: Variant, dataset: DatasetSpec, item_id: str, turn: int) -> str:
+    return stable_hash({"config": variant.key, "dataset": dataset.identity, "item": item_id, "turn": turn})
+
+
+def group_key(variant: Variant) -> tuple[str, str, str, str]:
+    r = variant.run
+    return (r.target, r.device, r.dtype, r.attention)
+
+
+def iter_units(plan: Plan, datasets: list[tuple[DatasetSpec, list[Prompt]]]) -> Iterator[Unit]:
+    """Units in run order: per target group, per item and turn, every configuration."""
+    groups: dict[tuple[str, str, str, str], list[Variant]] = {}
+    for v in plan.variants:
+        groups.setdefault(group_key(v), []).append(v)
+    for variants in groups.values():
+        for spec, items in datasets:
+            for index, item in enumerate(items):
+                for turn in range(len(item.turns)):
+                    for v in variants:
+                        yield Unit(v, spec, item, index, turn)
+
+
+@dataclass
+class RunResult:
+    results: Path
+    total: int  # units the study has
+    written: int  # rows written by this call
+    skipped: int  # generations of optional configurations that could not be built
+    keys: set[str] = field(default_factory=set)  # row keys of this study (a table of just this study)
+    notes: list[str] = field(default_factory=list)
+
+
+class RunningStats:
+    """What the progress bar shows: mean tau of the SD rows and the last row's decode tok/s."""
+
+    def __init__(self) -> None:
+        self.tau_sum, self.sd_rows, self.last_tok_s = 0.0, 0, 0.0
+
+    def add(self, row: dict[str, Any]) -> None:
+        if row["drafter"] != "ar":
+            self.tau_sum += row["tau"]
+            self.sd_rows += 1
+        self.last_tok_s = row["decode_tok_s"]
+
+    def text(self, label: str) -> str:
+        tau = f"{self.tau_sum / self.sd_rows:.2f}" if self.sd_rows else "-"
+        return f"tau={tau} tok/s={self.last_tok_s:.1f} [{label}]"
+
+
+def item_seed(study: Study, unit: Unit) -> int:
+    """Per-item sampling seed: every prompt draws fresh randomness, reproducibly."""
+    return int(stable_hash({"seed": study.seed, "dataset": unit.dataset.identity, "item": unit.item.id,
+                            "turn": unit.turn})[:15], 16)
+
+
+def make_row(study: Study, unit: Unit, target: TargetModel, result: GenerationResult, seed: int,
+             prov: dict[str, Any]) -> dict[str, Any]:
+    run, spec = unit.variant.run, unit.variant.run.spec
+    is_ar = spec.drafter is None
+    return {
+        "key": unit.key,
+        "baseline_key": unit.baseline_key,
+        "study": study.name,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "target": run.target,
+        "drafter": "ar" if is_ar else spec.drafter,
+        "tree": "-" if is_ar else spec.tree,
+        "verifier": spec.verifier,
+        "budget": 0 if is_ar else spec.budget,
+        "drafter_args": stable_json(spec.drafter_args),
+        "temperature": run.sampling.temperature,
+        "max_new_tokens": run.max_new_tokens,
+        "device": run.device,
+        "dtype": run.dtype,
+        "dataset": unit.dataset.label,
+        "item_id": unit.item.id,
+        "item_index": unit.index,
+        "turn": unit.turn,
+        "item_seed": seed,
+        **result.stats.summary(),
+        "process_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "output_ids": list(result.tokens),
+        "output_text": target.decode(result.tokens) if target.tokenizer is not None else None,
+        "config": run.to_dict(),
+        "config_key": unit.variant.key,
+        "dataset_spec": unit.dataset.identity,
+        "provenance": prov,
+    }
+
+
+def stable_json(obj: Any) -> str:
+    return json.dumps(dict(obj), sort_keys=True, default=str)
+
+
+def run_study(study: Study, *, data_dir: str | Path | None = None, out_dir: str | Path | None = None,
+              progress: bool = True, on_row: Callable[[dict[str, Any]], None] | None = None,
+              log: Callable[[str], None] | None = None) -> RunResult:
+    """Run (or resume) `study`; rows go to OUT/results.jsonl (OUT defaults to runs/<study name>)."""
+    log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+    plan = plan_study(study)
+    for note in plan.notes:
+        log(f"note: {note}")
+    datasets = [(spec, load_dataset(spec.name, data_dir, spec.n, **dict(spec.args))) for spec in study.datasets]
+    units = list(iter_units(plan, datasets))
+    out = Path(out_dir) if out_dir is not None else default_out_dir(study)
+    notes = list(plan.notes)
+    written = skipped = 0
+    with ResultsStore(out / RESULTS_FILE) as store:
+        if store.dropped_partial_line:
+            log(f"note: dropped a partially written last line of {store.path} (its item will be rerun)")
+        done = sum(u.key in store for u in units)
+        log(f"{study.name}: {len(plan.variants)} configurations (AR baselines included), {len(units)} generations, "
+            f"{done} already in {store.path}")
+        bar = tqdm(total=len(units), initial=done, disable=not progress, unit="gen", dynamic_ncols=True, file=sys.stderr)
+        stats = RunningStats()
+        try:
+            for gkey in dict.fromkeys(group_key(u.variant) for u in units):
+                todo = [u for u in units if group_key(u.variant) == gkey and u.key not in store]
+                if todo:
+                    group_written, group_skipped = _run_group(study, todo, store, bar, stats, on_row, log, notes)
+                    written, skipped = written + group_written, skipped + group_skipped
+        finally:
+            bar.close()
+    return RunResult(results=out / RESULTS_FILE, total=len(units), written=written, skipped=skipped,
+                     keys={u.key for u in units}, notes=notes)
+
+
+def _run_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, stats: RunningStats,
+               on_row: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None],
+               notes: list[str]) -> tuple[int, int]:
+    """Units of one (target, device, dtype, attention): the target is loaded once. Returns (rows
+    written, units skipped because an optional configuration could not be built)."""
+    first = todo[0].variant.run
+    target = load_target(first.target, device=first.device, dtype=first.dtype, attention=first.attention)
+    prov = provenance(first.device)
+    decoders: dict[str, SpecDecoder | None] = {}
+    written = skipped = 0
+    try:
+        for unit in todo:
+            vkey = unit.variant.key
+            if vkey in decoders and decoders[vkey] is None:
+                continue  # an optional configuration that could not be built
+            answers = [store.rows[unit_key(unit.variant, unit.dataset, unit.item.id, t)]["output_ids"]
+                       for t in range(unit.turn)]
+            prompt_ids = turn_prompt_ids(target, unit.item, unit.turn, answers)
+            seed = item_seed(study, unit)
+            sampling = dataclasses.replace(unit.variant.run.sampling, seed=seed)
+            if vkey not in decoders:
+                decoders[vkey] = _build_decoder(study, unit.variant, target, prompt_ids, sampling, log, notes)
+                if decoders[vkey] is None:
+                    lost = sum(1 for u in todo if u.variant.key == vkey)
+                    skipped += lost
+                    bar.total -= lost
+                    bar.refresh()
+                    continue
+            decoder = decoders[vkey]
+            assert decoder is not None
+            try:
+                result = decoder.generate(prompt_ids, unit.variant.run.max_new_tokens, sampling)
+            except ConfigError as exc:
+                raise ConfigError(f"{unit.dataset.label} item {unit.item.id!r} turn {unit.turn} "
+                                  f"({unit.variant.label}): {exc}") from None
+            row = make_row(study, unit, target, result, seed, prov)
+            store.append(row)
+            written += 1
+            stats.add(row)
+            bar.set_postfix_str(stats.text(unit.variant.label), refresh=False)
+            bar.update(1)
+            if on_row is not None:
+                on_row(row)
+    finally:
+        decoders.clear()
+        del target
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return written, skipped
+
+
+def _build_decoder(study: Study, variant: Variant, target: TargetModel, prompt_ids: list[int], sampling: Any,
+                   log: Callable[[str], None], notes: list[str]) -> SpecDecoder | None:
+    """One decoder per configuration, warmed up; None (with a note) if an optional one cannot be built."""
+    try:
+        decoder = SpecDecoder(target, variant.run.spec, max_seq_len=variant.run.max_seq_len)
+    except Exception as exc:
+        if not variant.optional:
+            raise
+        note = f"skipped {variant.label} (optional): cannot build it: {type(exc).__name__}: {exc}"
+        notes.append(note)
+        log(f"note: {note}")
+        return None
+    if study.warmup_tokens > 0:
+        decoder.generate(prompt_ids, min(study.warmup_tokens, variant.run.max_new_tokens), sampling)
+    return decoder
