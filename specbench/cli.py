@@ -165,7 +165,8 @@ def cmd_tree(args: argparse.Namespace) -> int:
         raise UsageError(f"the request finished before round {args.round}; pick an earlier --round or raise --max-new-tokens")
     tree, result = captured["tree"], captured["result"]
     labels = [target.decode([t]) if target.tokenizer is not None else str(t) for t in tree.host[0]]
-    draw_tree(tree, labels, result.path, args.out)
+    bonus = target.decode([result.tokens[-1]]) if target.tokenizer is not None else str(result.tokens[-1])
+    draw_tree(tree, labels, result.path, args.out, bonus=bonus)
     print(f"round {args.round}: {tree.num_nodes - 1} draft nodes, accepted {len(result.path) - 1} "
           f"({' '.join(repr(labels[i]) for i in result.path[1:])}); wrote {args.out}")
     return 0

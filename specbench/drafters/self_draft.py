@@ -1,5 +1,6 @@
 """`self`: the target's own first k layers + final norm + LM head as a training-free draft model
-(a layer-skip self-draft), with its own KV cache, drafting autoregressively."""
+(a layer-skip self-draft), with its own KV cache, drafting autoregressively: a chain (`chain`), or a
+tree grown depth by depth under a growing policy (`eagle2`, `static`)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,22 @@ from specbench.drafters.base import Drafter, DraftState
 from specbench.models.decoder import ForwardOutput, KVCache
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
+from specbench.trees.grow import frontier_subtree, grow_tree
 from specbench.verify.base import VerifyResult
 from specbench.verify.sampling import process_logits
 
 
 @DRAFTERS.register("self")
 class SelfDrafter(Drafter):
-    """Chain drafting with the shallow model. Its cache holds the committed tokens; each round feeds
-    whatever committed tokens it has not seen (the anchor, and the last accepted draft when the whole
-    chain was accepted) in one pass, then drafts one token per step. Greedy draft by default; when the
-    verifier reads draft probabilities (rejection sampling at T > 0) it samples from its processed law."""
+    """Drafting with the shallow model. Its cache holds the committed tokens; each round feeds whatever
+    committed tokens it has not seen (the anchor, and the last accepted draft when the whole chain was
+    accepted) in one pass. Under `chain` it then drafts one token per step, keeping each step's K/V
+    (greedy by default; when the verifier reads draft probabilities, i.e. rejection sampling at T > 0,
+    it samples from its processed law). Under a growing policy each depth's frontier runs with tree
+    attention over its root paths, as scratch K/V past the committed prefix."""
 
     name = "self"
-    policies = ("chain",)
+    policies = ("chain", "eagle2", "static")
 
     def __init__(self, target: TargetModel, layers: int | None = None) -> None:
         super().__init__(target)
@@ -54,6 +58,8 @@ class SelfDrafter(Drafter):
 
     def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
         assert self.cache is not None, "begin() was not called"
+        if policy.name != "chain":
+            return self._grow(state, policy, budget)
         pending = state.tokens[self.fed:]
         logits = self._step(pending, self.fed)
         self.fed = len(state.tokens)
@@ -73,6 +79,24 @@ class SelfDrafter(Drafter):
         probs = torch.stack(rows) if rows else None
         tree = DraftTree.chain(state.anchor, drafted, draft_probs=probs, device=self.target.device)
         return tree
+
+    def _grow(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
+        assert self.cache is not None
+        base = len(state.tokens) - 1  # the anchor's position
+
+        def expand(tree: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+            if tree.num_nodes == 1:  # the root: feed the committed tokens the cache lacks (kept)
+                logits = self._step(state.tokens[self.fed:], self.fed)
+                self.fed = len(state.tokens)
+                return torch.log_softmax(logits.float(), -1)[None]  # [1, V]
+            sub, rows = frontier_subtree(tree, frontier)  # the frontier's root paths; K/V are scratch
+            out = self.target.forward(sub.tokens[1:][None], (base + sub.depth[1:])[None], self.cache,
+                                      sub.ancestor_mask[1:, 1:][None], (), logits_rows=rows - 1,
+                                      num_layers=self.layers, kv_len=self.fed + sub.num_nodes - 1)
+            return torch.log_softmax(out.logits[0].float(), -1)  # [F, V]
+
+        self.appended = 0
+        return grow_tree(policy, state.anchor, expand, budget, budget, self.target.device)
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_out: ForwardOutput) -> None:
         # Accepted drafts were fed at the positions they now hold; keep those, drop the rest.

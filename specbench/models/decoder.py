@@ -69,10 +69,17 @@ class KVCache:
             return
         if base + count > self.max_seq_len:
             raise RuntimeError(f"KV cache overflow: {base + count} > max_seq_len {self.max_seq_len}")
-        src = base + p
-        dst = torch.arange(base, base + count, device=self.k.device)
-        for buf in (self.k, self.v):  # all layers at once; index_select copies before the write
-            buf[:, row].index_copy_(2, dst, buf[:, row].index_select(2, src))
+        if self.k.is_cuda:  # one Triton launch for all layers, K and V (in place: dst <= src)
+            from specbench.kernels.kv_compact import kv_compact
+
+            rows = torch.full((self.batch, count), -1, dtype=torch.long, device=self.k.device)
+            rows[row] = p
+            kv_compact(self.k, self.v, rows, self.lengths)  # the lengths are the base slots: grow after
+        else:
+            src = base + p
+            dst = torch.arange(base, base + count, device=self.k.device)
+            for buf in (self.k, self.v):  # all layers at once; index_select copies before the write
+                buf[:, row].index_copy_(2, dst, buf[:, row].index_select(2, src))
         self.lengths[row] += count
         self.host_lengths[row] = base + count
 
@@ -105,6 +112,7 @@ class AttentionMeta:
     tree_mask: Tensor  # [B, N, N] bool
     kv_len: int  # cache slots the kernel reads: >= max(len) + N
     dense_mask: Tensor | None = None  # [B, 1, N, kv_len], built lazily by the sdpa backend
+    tree_bits: Tensor | None = None  # [B, N, ceil(N/32)] int32 packed tree mask, built by the triton backend
 
 
 def sdpa_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta, scale: float) -> Tensor:

@@ -121,8 +121,10 @@ def build_model(cfg: ModelConfig, state_dict: Mapping[str, Tensor] | None, *, dt
             raise ModelLoadError(f"checkpoint does not fit the {cfg.family} config: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
-    model.inv_freq.copy_(_inv_freq(cfg).to(model.inv_freq.device))
-    return model.to(dtype=dtype).eval().requires_grad_(False)
+    model = model.to(dtype=dtype).eval().requires_grad_(False)
+    # RoPE frequencies stay fp32: a bf16 copy is off by radians at position ~2000.
+    model.inv_freq = _inv_freq(cfg).to(model.embed.weight.device)
+    return model
 
 
 def _inv_freq(cfg: ModelConfig) -> Tensor:

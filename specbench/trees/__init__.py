@@ -1,10 +1,38 @@
-"""Draft trees and tree policies. Pure package: tensors in, tensors out."""
+"""Draft trees and tree policies. Pure package: tensors in, tensors out (never imports models/engine).
+
+A tree policy turns a drafter's scores into the tree the target verifies, under a budget (draft
+nodes, root excluded): `build(DepthScores, budget)` for parallel drafters (per-depth log-probs),
+`grow(anchor, expand, budget, max_depth, device)` for autoregressive drafters (see `trees.grow`),
+`select(candidates, budget)` for drafters that score a candidate tree themselves (n-gram tries).
+
+Policies: chain, static, ddtree, ddtree-vec, accum-logp, fanout-cap, eagle2 (one module each).
+
+Scores and ties (the same in every builder and in the brute-force references of tests/trees):
+* A node's score is the float32 sum, root to node, of its tokens' log-probs clamped at 0 (one float32
+  addition per depth), so a child never outscores its parent.
+* Token ranks (per depth, or per parent for autoregressive drafters): higher log-prob first; equal
+  log-probs: lower token id first.
+* Within one depth d, nodes are ordered by score (higher first); equal scores: the node whose parent
+  comes first in depth d-1's order, then the lower rank.
+* Across depths (what a top-B cut keeps): score, then the shallower node, then the order above.
+  `ddtree` pops nodes in exactly this order, `ddtree-vec` returns the same nodes in the same order.
+* `accum-logp` / `fanout-cap` pop equal scores by lower node id (JetSpec's insertion counter);
+  `select` keeps equal scores by lower node id.
+"""
 
 from specbench.registry import Registry
 
-TREE_POLICIES: Registry = Registry("tree policy")
+TREE_POLICIES: Registry = Registry("tree policy", "tree policies")
 TREE_POLICIES.register("chain", "specbench.trees.chain:ChainPolicy")
+TREE_POLICIES.register("static", "specbench.trees.static:StaticPolicy")
+TREE_POLICIES.register("ddtree", "specbench.trees.ddtree:DDTreePolicy")
+TREE_POLICIES.register("ddtree-vec", "specbench.trees.ddtree_vec:DDTreeVecPolicy")
+TREE_POLICIES.register("accum-logp", "specbench.trees.accum_logp:AccumLogPPolicy")
+TREE_POLICIES.register("fanout-cap", "specbench.trees.fanout_cap:FanoutCapPolicy")
+TREE_POLICIES.register("eagle2", "specbench.trees.eagle2:Eagle2Policy")
 
 from specbench.trees.base import DepthScores, DraftTree, TreeError, TreePolicy  # noqa: E402
+from specbench.trees.grow import ExpandFn, frontier_subtree, grow_tree  # noqa: E402
 
-__all__ = ["TREE_POLICIES", "DepthScores", "DraftTree", "TreeError", "TreePolicy"]
+__all__ = ["TREE_POLICIES", "DepthScores", "DraftTree", "ExpandFn", "TreeError", "TreePolicy",
+           "frontier_subtree", "grow_tree"]

@@ -15,6 +15,8 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import Tensor
 
+from specbench.trees.ranking import ranked_topk
+
 
 class TreeError(ValueError):
     """A tree that breaks the DraftTree invariants."""
@@ -89,6 +91,22 @@ class DraftTree:
                 node = child[key]
         as_t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
         return cls(tokens=as_t(tokens), parents=as_t(parents), depth=as_t(depth))
+
+    @classmethod
+    def from_lists(
+        cls,
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        depth: Sequence[int],
+        scores: Sequence[float] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> "DraftTree":
+        """A tree from host lists (what heap builders produce), moved to `device` in one copy each."""
+        ints = torch.tensor([list(tokens), list(parents), list(depth)], dtype=torch.long).to(device)
+        tree = cls(tokens=ints[0], parents=ints[1], depth=ints[2])
+        if scores is not None:
+            tree.scores = torch.tensor(list(scores), dtype=torch.float32).to(device)
+        return tree
 
     # ---- derived ------------------------------------------------------------------------------
     @property
@@ -219,10 +237,21 @@ class DepthScores:
     def depth(self) -> int:
         return int(self.logp.shape[0])
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.logp.shape[-1])
+
+    def check(self) -> "DepthScores":
+        """Raise TreeError unless logp is a floating [D, V] tensor with V >= 1. Returns self."""
+        if self.logp.dim() != 2 or not self.logp.is_floating_point() or self.logp.shape[-1] < 1:
+            raise TreeError(f"DepthScores.logp must be a float [depth, vocab >= 1] tensor, got "
+                            f"{self.logp.dtype} of shape {tuple(self.logp.shape)}")
+        return self
+
     def topk(self, k: int) -> tuple[Tensor, Tensor]:
-        """(tokens [D, k], logp [D, k]) sorted by descending log-prob (ties: lower token id first)."""
-        k = min(k, self.logp.shape[-1])
-        vals, idx = torch.topk(self.logp, k, dim=-1, sorted=True)
+        """(tokens [D, k], logp [D, k] float32) sorted by descending log-prob, ties: lower token id
+        first (exact on every device, see `specbench.trees.ranking`)."""
+        vals, idx = ranked_topk(self.check().logp, k)
         return idx, vals
 
 
@@ -245,7 +274,15 @@ class TreePolicy(ABC):
         return select_top_scores(candidates, budget)
 
 
+def check_budget(budget: int) -> int:
+    """The budget as an int; TreeError if it is negative (it counts draft nodes, root excluded)."""
+    if isinstance(budget, bool) or int(budget) != budget or budget < 0:
+        raise TreeError(f"budget counts draft nodes (root excluded) and must be an integer >= 0, got {budget!r}")
+    return int(budget)
+
+
 def select_top_scores(candidates: DraftTree, budget: int) -> DraftTree:
+    check_budget(budget)
     if candidates.scores is None:
         raise TreeError("select() needs candidates.scores (e.g. cumulative draft log-probs)")
     n = candidates.num_nodes

@@ -35,3 +35,13 @@ def test_greedy_sd_equals_ar(smollm2, ar_outputs, drafter: str, args: dict, budg
         assert len(result.tokens) == NEW_TOKENS or result.tokens[-1] in smollm2.eos_token_ids
         accepted += sum(r.accepted for r in result.stats.rounds)
     assert accepted > 0, "no draft token was ever accepted: the test would not exercise commit paths"
+
+
+@pytest.mark.parametrize("tree, args", [("eagle2", {"top_k": 3, "max_depth": 4}), ("static", {"tree": "default-31"})])
+def test_greedy_self_tree_drafting_equals_ar(smollm2, ar_outputs, tree: str, args: dict) -> None:
+    decoder = SpecDecoder(smollm2, SpecConfig(drafter="self", tree=tree, budget=12, tree_args=args,
+                                              drafter_args={"layers": 4}), max_seq_len=256)
+    for key in ("math", "code"):
+        result = decoder.generate(smollm2.encode_chat(PROMPTS[key]), NEW_TOKENS)
+        assert result.tokens == ar_outputs[key]
+        assert max(r.tree_size for r in result.stats.rounds) > 4  # really a tree, not a chain

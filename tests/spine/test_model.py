@@ -133,3 +133,11 @@ def test_padded_tree_inputs_leave_real_nodes_unchanged() -> None:
     cache.commit([0, 1, 2])
     ref = _prefill(target, prompt + [5, 6, 7])
     torch.testing.assert_close(cache.k[:, :, :, : n0 + 3], ref.k[:, :, :, : n0 + 3], rtol=1e-5, atol=1e-6)
+
+
+def test_rope_frequencies_stay_fp32_in_bf16_models() -> None:
+    target = load_target("random:tiny-qwen3@0", dtype="bfloat16")
+    assert target.model.inv_freq.dtype == torch.float32
+    cos, _ = target.model.rope(torch.tensor([[2000]]))
+    ref = torch.cos(2000 * target.model.inv_freq.double())
+    assert float((cos[0, 0, 0, : ref.numel()].double() - ref).abs().max()) < 1e-2  # bf16 output rounding only

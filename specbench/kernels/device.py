@@ -1,0 +1,23 @@
+"""Where the Triton kernels may run: a CUDA device, or the CPU under TRITON_INTERPRET=1 (tests)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def require_kernel_device(t: torch.Tensor) -> None:
+    if t.device.type != "cuda" and not interpreting():
+        raise RuntimeError(f"the Triton kernels need CUDA tensors (got {t.device}); set TRITON_INTERPRET=1 "
+                           "to run them on the CPU")
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: any small number exercises the split path

@@ -1,0 +1,45 @@
+"""Packed attention masks for the tree-attention kernel (pure PyTorch, no Triton needed).
+
+A mask over N new keys is stored as int32 words, 32 keys per word: bit (j % 32) of word j // 32 in row i
+says whether query i sees new key j. This is N*N/8 bytes instead of the dense [N, kv_len] mask, and it
+is built once per forward and shared by every layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+BITS = 32
+
+
+def num_words(n: int) -> int:
+    return (n + BITS - 1) // BITS
+
+
+def pack_tree_mask(mask: Tensor) -> Tensor:
+    """[..., N, N] bool -> [..., N, ceil(N / 32)] int32 (runs on the mask's device, no host sync)."""
+    if mask.dtype != torch.bool or mask.dim() < 2 or mask.shape[-1] != mask.shape[-2]:
+        raise ValueError(f"the mask must be a bool tensor [..., N, N], got {mask.dtype} {tuple(mask.shape)}")
+    n = mask.shape[-1]
+    words = num_words(n)
+    padded = torch.nn.functional.pad(mask.to(torch.int32), (0, words * BITS - n))  # [..., N, W*32]
+    # Bit 31 has the int32 value -2**31, so a sum of distinct bits never overflows: sum == bitwise or.
+    # Built on the device (no host->device copy), so a CUDA graph can capture the packing.
+    weights = 2 ** torch.arange(BITS, dtype=torch.int64, device=mask.device)
+    weights = torch.where(weights >= 2 ** (BITS - 1), weights - 2 ** BITS, weights).to(torch.int32)
+    return (padded.view(*mask.shape[:-1], words, BITS) * weights).sum(-1, dtype=torch.int32)
+
+
+def unpack_tree_mask(bits: Tensor, n: int) -> Tensor:
+    """[..., N, W] int32 -> [..., N, n] bool (the inverse of pack_tree_mask)."""
+    shifts = torch.arange(BITS, dtype=torch.int32, device=bits.device)
+    unpacked = (bits[..., None] >> shifts) & 1  # [..., N, W, 32]
+    return unpacked.flatten(-2)[..., :n].bool()
+
+
+def block_causal_mask(n: int, block: int, device: torch.device | str = "cpu") -> Tensor:
+    """[n, n] bool: query i sees key j iff block(j) <= block(i) (bidirectional inside a block, causal
+    across blocks; block = 1 gives the plain causal mask)."""
+    blocks = torch.arange(n, device=device) // block
+    return blocks[None, :] <= blocks[:, None]

@@ -1,0 +1,82 @@
+"""Pure-PyTorch references of the Triton kernels, with the same arguments, for tests and benchmarks.
+
+They favour obviousness over speed: dense masks, float64 softmax, a Python walk over the tree.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specbench.kernels.masks import unpack_tree_mask
+
+
+def _masked_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float) -> Tensor:
+    """q [H, N, D], keys/values [Hkv, T, D], visible [N, T] bool -> [H, N, D]; a row that sees no key is 0."""
+    group = q.shape[0] // keys.shape[0]
+    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+    scores = (q @ keys.transpose(-1, -2)) * scale  # [H, N, T]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all -inf row -> NaN -> 0
+    return probs @ values
+
+
+def context_attention_reference(q: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_lengths: Tensor, new_k: Tensor,
+                                new_v: Tensor, mask_bits: Tensor, scale: float, *, new_after_context: bool = False,
+                                dtype: torch.dtype = torch.float64) -> Tensor:
+    """Row b's query i sees context keys [0, ctx_lengths[b]) and new key j iff bit j of mask row i.
+    New key j sits at slot j of new_k, or at slot ctx_lengths[b] + j when new_after_context (the
+    target's cache, where new_k is the cache itself). Returns [B, H, N, D] in `dtype`."""
+    b_size, _, n, _ = q.shape
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
+    for b in range(b_size):
+        c = int(ctx_lengths[b])
+        off = c if new_after_context else 0
+        keys = torch.cat([ctx_k[b, :, :c], new_k[b, :, off:off + n]], dim=1).to(dtype)  # [Hkv, C+N, D]
+        values = torch.cat([ctx_v[b, :, :c], new_v[b, :, off:off + n]], dim=1).to(dtype)
+        visible = torch.cat([torch.ones(n, c, dtype=torch.bool, device=q.device), unpack_tree_mask(mask_bits[b], n)], 1)
+        out[b] = _masked_attention(q[b].to(dtype), keys, values, visible, scale)
+    return out
+
+
+def tree_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor, tree_bits: Tensor,
+                             scale: float, *, dtype: torch.dtype = torch.float64) -> Tensor:
+    """The target's verification attention: prefix [0, len) of the cache plus the N tree keys at
+    slots [len, len + N) under the packed ancestor mask. Returns [B, H, N, D] in `dtype`."""
+    return context_attention_reference(q, k_cache, v_cache, lengths, k_cache, v_cache, tree_bits, scale,
+                                       new_after_context=True, dtype=dtype)
+
+
+def tree_accept_reference(tokens: Tensor, parents: Tensor, picks: Tensor) -> Tensor:
+    """The walk of verify/walk.py: from the root, descend into the first child (lowest id) whose token
+    is the node's pick (its argmax for greedy). Returns the kernel's packed layout [B, 2 + N] int64
+    (or [2 + N] for 1-D inputs): (path length P, bonus token, path node ids root->node, -1 padding)."""
+    squeeze = tokens.dim() == 1
+    tok, par, pk = (t.reshape(-1, t.shape[-1]).tolist() for t in (tokens, parents, picks))
+    rows = []
+    for tk, pr, a in zip(tok, par, pk):
+        n = len(tk)
+        children: list[list[int]] = [[] for _ in range(n)]
+        for i in range(1, n):
+            children[pr[i]].append(i)
+        node, path = 0, [0]
+        while True:
+            nxt = next((c for c in children[node] if tk[c] == a[node]), None)
+            if nxt is None:
+                break
+            node = nxt
+            path.append(node)
+        rows.append([len(path), a[node]] + path + [-1] * (n - len(path)))
+    out = torch.tensor(rows, dtype=torch.int64, device=tokens.device)
+    return out[0] if squeeze else out
+
+
+def kv_compact_reference(k: Tensor, v: Tensor, path: Tensor, base: Tensor) -> None:
+    """In place: for each row b, the K/V of slots base[b] + path[b, p] move to base[b] + p in every
+    layer and head (k, v [L, B, Hkv, S, D]; path [B, P] increasing node ids, -1 = padding)."""
+    for b in range(path.shape[0]):
+        p = path[b][path[b] >= 0].to(torch.long)
+        src = int(base[b]) + p
+        dst = int(base[b]) + torch.arange(p.numel(), device=k.device)
+        for buf in (k, v):
+            buf[:, b].index_copy_(2, dst, buf[:, b].index_select(2, src))

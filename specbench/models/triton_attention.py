@@ -1,0 +1,22 @@
+"""The `triton` attention backend of the native decoder: the tree-attention kernel on the static cache.
+
+The tree mask is packed into the kernel's bitmask once per forward (on the first layer) and kept on
+the shared AttentionMeta, so the other layers reuse it; nothing here reads the device.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from specbench.kernels.masks import pack_tree_mask
+from specbench.kernels.tree_attention import tree_attention
+from specbench.models.decoder import AttentionMeta
+
+
+def triton_tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
+    """q [B, H, N, D]; k_cache, v_cache [B, Hkv, S, D] with the new K/V at slots [len, len + N)."""
+    bits = getattr(meta, "tree_bits", None)
+    if bits is None:
+        bits = pack_tree_mask(meta.tree_mask)  # [B, N, W] int32
+        meta.tree_bits = bits
+    return tree_attention(q, k_cache, v_cache, meta.lengths, bits, scale, kv_len=meta.kv_len)

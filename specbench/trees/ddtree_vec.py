@@ -1,0 +1,92 @@
+"""`ddtree-vec`: the `ddtree` top-B tree in a few tensor ops per depth (no Python heap, no host sync).
+
+Depth by depth it keeps a beam: the best P_d prefixes of depth d in the tie rule's order
+(`specbench.trees`), P_d = min(B, prefixes there). The best B prefixes of depth d are all children of
+the beam of depth d-1 (a parent precedes each of its children), and the child (parent at beam place i,
+rank r) is beaten by every (place <= i, rank <= r) pair, (i+1)(r+1) - 1 prefixes: it can be among the
+best B only if (i+1)(r+1) <= B. So each depth ranks ~B ln B candidates, not B*min(B, V). Finally the
+best B of all beams (ordered by score, then depth, then beam place) form the tree, in the same node
+order as the heap builder's pops, so the two builders return identical trees.
+
+All shapes depend only on (B, D, V), never on the data: the builder can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specbench.trees import TREE_POLICIES
+from specbench.trees.base import DepthScores, DraftTree, TreePolicy, check_budget
+from specbench.trees.ranking import top_indices
+
+
+def candidate_pairs(parents: int, width: int, budget: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(parent place [M], rank [M]) of every pair with (place+1)(rank+1) <= budget, place < parents,
+    rank < width, in (place, rank) lexicographic order. Built on the device without a host sync."""
+    per_parent = np.minimum(width, budget // np.arange(1, parents + 1))
+    total = int(per_parent.sum())
+    counts = (budget // torch.arange(1, parents + 1, device=device)).clamp_(max=width)  # [P]
+    ends = counts.cumsum(0)
+    flat = torch.arange(total, device=device)
+    place = torch.searchsorted(ends, flat, right=True)
+    rank = flat - (ends - counts)[place]
+    return place, rank
+
+
+def build_top_b(anchor: int, tokens: Tensor, logp: Tensor, budget: int) -> DraftTree:
+    """The top-`budget` tree over a ranked per-depth table: tokens, logp [D, K] (ranks ascending)."""
+    device = logp.device
+    depth, width = logp.shape
+    lp = logp.float().clamp(max=0.0)
+    beam_scores = torch.zeros(1, device=device)  # [P]: the root
+    pairs: dict[int, tuple[Tensor, Tensor]] = {}  # beam size -> candidate pairs (reused across depths)
+    level_scores, level_parent, level_rank = [], [], []
+    for d in range(depth):
+        beam = beam_scores.shape[0]
+        if beam not in pairs:
+            pairs[beam] = candidate_pairs(beam, width, budget, device)
+        place, rank = pairs[beam]
+        cand = beam_scores[place] + lp[d, rank]  # [M] float32
+        keep = top_indices(cand, budget)  # [P'] in the tie rule's order
+        beam_scores = cand[keep]
+        level_scores.append(beam_scores)
+        level_parent.append(place[keep])
+        level_rank.append(rank[keep])
+    sizes = [s.shape[0] for s in level_scores]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
+    all_scores = torch.cat(level_scores)  # [T]: beams in (depth, place) order
+    # global index of each beam entry's parent; -1 for children of the root
+    parent_index = torch.cat([level_parent[0].new_full((sizes[0],), -1)]
+                             + [level_parent[d] + offsets[d - 1] for d in range(1, depth)])
+    level = torch.cat([torch.full((n,), d + 1, dtype=torch.long, device=device) for d, n in enumerate(sizes)])
+    chosen = top_indices(all_scores, budget)  # [N-1] in pop order
+    node_of = torch.zeros(all_scores.shape[0], dtype=torch.long, device=device)
+    node_of[chosen] = torch.arange(1, chosen.shape[0] + 1, device=device)
+    chosen_parent = parent_index[chosen]
+    parents = torch.where(chosen_parent >= 0, node_of[chosen_parent.clamp(min=0)], 0)
+    chosen_level = level[chosen]
+    chosen_tokens = tokens[chosen_level - 1, torch.cat(level_rank)[chosen]]
+    root = torch.full((1,), anchor, dtype=torch.long, device=device)  # a fill, not a host copy
+    return DraftTree(
+        tokens=torch.cat([root, chosen_tokens]),
+        parents=torch.cat([root.new_full((1,), -1), parents]),
+        depth=torch.cat([root.new_zeros(1), chosen_level]),
+        scores=torch.cat([all_scores.new_zeros(1), all_scores[chosen]]),
+    )
+
+
+@TREE_POLICIES.register("ddtree-vec")
+class DDTreeVecPolicy(TreePolicy):
+    """`ddtree`'s exact tree from tensor ops on the scores' device (GPU-friendly, sync-free)."""
+
+    name = "ddtree-vec"
+
+    def build(self, scores: DepthScores, budget: int) -> DraftTree:
+        budget = check_budget(budget)
+        depth = min(scores.check().depth, budget)
+        if depth == 0:
+            return DraftTree.from_lists([scores.anchor], [-1], [0], [0.0], scores.logp.device)
+        tokens, logp = DepthScores(scores.anchor, scores.logp[:depth]).topk(min(budget, scores.vocab_size))
+        return build_top_b(scores.anchor, tokens, logp, budget)

@@ -1,0 +1,133 @@
+"""Growing a tree with an autoregressive drafter, depth by depth (EAGLE-2, chain, static templates).
+
+An autoregressive drafter (the `self` drafter, EAGLE-3) cannot hand a policy per-depth scores up
+front: the distribution below a node depends on the node's path. It hands the policy a callback
+instead:
+
+    expand(tree, frontier) -> logp [F, V]
+
+`tree` is the tree grown so far (node 0 = anchor; a `DraftTree` with tokens/parents/depth/scores);
+`frontier` [F] (int64, on the tree's device) are ids of nodes of one depth d; the callback returns, for
+each, the drafter's full-vocabulary log-probs of the token that follows the node's root path. The
+drafter runs its model on the frontier nodes with tree attention: each frontier node attends to the
+committed context and to its own ancestors in `tree` (`frontier_subtree` gives exactly that subtree).
+Every ancestor of a frontier node was itself a frontier node of an earlier call (depths are expanded in
+order, the root first), so a drafter that keeps draft-side K/V per expanded node only ever appends.
+
+A policy that can grow has a method
+
+    policy.grow(anchor, expand, budget, max_depth, device) -> DraftTree
+
+(`chain`, `eagle2`, `static`); drafters call `grow_tree(policy, ...)`, which names the policies that
+can when the configured one cannot. The grown tree's `scores` are cumulative draft log-probs
+(float32); its `draft_probs` are None (tokens are chosen by rank, deterministically).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from specbench.trees.base import DepthScores, DraftTree, TreeError, TreePolicy, check_budget, select_top_scores
+from specbench.trees.ranking import ranked_topk, top_indices
+
+ExpandFn = Callable[[DraftTree, Tensor], Tensor]
+"""expand(tree so far, frontier node ids [F]) -> next-token log-probs [F, V] at those nodes."""
+
+TopkFn = Callable[[DraftTree, Tensor, int], tuple[Tensor, Tensor]]
+"""topk(tree so far, frontier [F], k) -> (tokens [F, k], logp [F, k]) ranked; what growers consume."""
+
+
+def grow_tree(policy: TreePolicy, anchor: int, expand: ExpandFn, budget: int, max_depth: int,
+              device: torch.device | str = "cpu") -> DraftTree:
+    """What an autoregressive drafter calls: `policy.grow(...)`, or a TreeError naming the policies
+    that can grow a tree when this one cannot."""
+    grow = getattr(policy, "grow", None)
+    if grow is None:
+        raise TreeError(f"tree policy {policy.name!r} builds trees from per-depth scores only; an "
+                        f"autoregressive drafter needs one that grows them: {', '.join(growing_policies())}")
+    if max_depth < 0:
+        raise TreeError(f"max_depth must be >= 0, got {max_depth}")
+    return grow(anchor, expand, check_budget(budget), max_depth, device)
+
+
+def growing_policies() -> list[str]:
+    """Registered tree policies that can grow a tree from an `expand` callback."""
+    from specbench.trees import TREE_POLICIES
+
+    return [name for name in TREE_POLICIES.names() if hasattr(TREE_POLICIES.get(name), "grow")]
+
+
+def ranked_expand(expand: ExpandFn) -> TopkFn:
+    """The ranked top-k of each frontier row of `expand` (ties: lower token id)."""
+
+    def topk(tree: DraftTree, frontier: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        logp = expand(tree, frontier)
+        if logp.dim() != 2 or logp.shape[0] != frontier.shape[0]:
+            raise TreeError(f"expand() must return log-probs [F={frontier.shape[0]}, V], got shape "
+                            f"{tuple(logp.shape)}")
+        vals, idx = ranked_topk(logp, k)
+        return idx, vals
+
+    return topk
+
+
+def factorised_topk(scores: DepthScores) -> TopkFn:
+    """A parallel drafter's per-depth scores as a grower's input: every node of depth d gets depth
+    d+1's row (the factorised surrogate). Ranks each depth once, not once per frontier node."""
+    tables: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def topk(tree: DraftTree, frontier: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        if k not in tables:
+            tables[k] = scores.topk(k)
+        tok, lp = tables[k]
+        rows = tree.depth[frontier]  # a node at depth d takes the row of depth d + 1 (index d)
+        return tok[rows], lp[rows]
+
+    return topk
+
+
+def frontier_subtree(tree: DraftTree, frontier: Tensor) -> tuple[DraftTree, Tensor]:
+    """(sub, rows): the union of the frontier nodes' root paths as a tree (node order kept, root first)
+    and the row of each frontier node in it. A drafter without draft-side K/V for earlier nodes runs
+    its model on sub's non-root nodes (positions = cache_len + sub.depth, mask = sub.ancestor_mask)
+    and reads the logits at `rows`."""
+    keep = tree.ancestor_mask[frontier].any(dim=0).nonzero().flatten()  # sorted node ids
+    return tree.subtree(keep), torch.searchsorted(keep, frontier)
+
+
+def beam_grow(anchor: int, topk: TopkFn, budget: int, width: int, depth: int,
+              device: torch.device | str = "cpu") -> DraftTree:
+    """EAGLE-2's dynamic tree. The root's `width` best children are the first beams; at each further
+    depth every beam gets its `width` best children (scored by cumulative log-prob), all of them become
+    candidates, and the `width` best candidates are the next beams. Finally the `budget` best
+    candidates are kept (a parent always outscores or ties and precedes its children).
+
+    Candidate ids are laid out by (depth, beam place, rank), so "score, then lower id" is the
+    package's tie rule; beams are chosen by the same rule. `depth` frontiers are expanded (root
+    included): EAGLE-2's `depth` setting d expands d+1 frontiers.
+    """
+    depth = min(depth, budget)
+    tokens = [torch.full((1,), anchor, dtype=torch.long, device=device)]
+    parents = [torch.full((1,), -1, dtype=torch.long, device=device)]
+    depths = [torch.zeros(1, dtype=torch.long, device=device)]
+    scores = [torch.zeros(1, dtype=torch.float32, device=device)]
+    frontier = torch.zeros(1, dtype=torch.long, device=device)
+    beam_scores = scores[0]
+    count = 1
+    for d in range(depth):
+        tree = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), scores=torch.cat(scores))
+        tok, lp = topk(tree, frontier, width)  # [F, k]
+        k = tok.shape[1]
+        cand = (beam_scores[:, None] + lp.float().clamp(max=0.0)).flatten()  # [F*k] by (beam place, rank)
+        tokens.append(tok.flatten())
+        parents.append(frontier.repeat_interleave(k))
+        depths.append(torch.full((cand.shape[0],), d + 1, dtype=torch.long, device=device))
+        scores.append(cand)
+        best = top_indices(cand, width)
+        frontier, beam_scores = best + count, cand[best]
+        count += cand.shape[0]
+    candidates = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), scores=torch.cat(scores))
+    return select_top_scores(candidates, budget)

@@ -1,0 +1,109 @@
+"""Exact, deterministic ranking shared by every tree builder.
+
+`torch.topk` leaves the order of equal values unspecified (and differs between devices), so two
+builders that both call it can disagree on ties. Every builder in specbench ranks through this module:
+
+* Token ranks at one depth (or one parent): higher log-prob first; equal log-probs: lower token id first.
+* Node order: higher score first; equal scores: lower *index* first, where each caller lays its
+  candidates out so that the index encodes the documented tie rule (see `specbench.trees` docs).
+
+Scores are float32 and accumulate left to right along a path (`s(child) = s(parent) + logp`, one
+float32 addition), so every builder (host heap, vectorised, brute-force reference) computes bit-identical
+scores and ties resolve identically. Log-probs are clamped at 0 so that a child never outscores its parent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+_LOW32 = 0xFFFFFFFF
+
+
+def order_keys(values: Tensor, index: Tensor) -> Tensor:
+    """int64 keys whose descending order is (value descending, index ascending); unique per index.
+
+    values: float32 [..., M]; index: int64 broadcastable to it, each in [0, 2**32).
+    The float's bits are mapped to an int32 that is monotone in the float value (sign-magnitude to
+    two's complement), placed in the high 32 bits; the low 32 bits hold the complemented index.
+    """
+    bits = (values.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0 (they compare equal)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.long() << 32) | (_LOW32 - index)
+
+
+def index_of_keys(keys: Tensor) -> Tensor:
+    """The index packed into `order_keys` keys."""
+    return _LOW32 - (keys & _LOW32)
+
+
+def top_indices(values: Tensor, k: int) -> Tensor:
+    """Positions [k] of the k best entries of values [M] in order: value descending, position ascending
+    (a stable sort: one op on any device, no host synchronisation)."""
+    return torch.sort(values, descending=True, stable=True).indices[:k]
+
+
+def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(values [R, k] float32, indices [R, k] int64): the k largest entries of each row of x [R, V],
+    value descending, equal values by lower index. Exact on every device.
+
+    CPU: a float top-k plus tie checks on the k+1 kept values (packing keys over the whole row costs
+    several passes there); other devices: one top-k over packed int64 keys (no host synchronisation).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"ranked_topk expects a 2-D [rows, vocab] tensor, got shape {tuple(x.shape)}")
+    k = min(int(k), x.shape[-1])
+    x = x.float()
+    if x.device.type == "cpu":
+        return ranked_topk_checked(x, k)
+    return ranked_topk_keys(x, k)
+
+
+def ranked_topk_keys(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """`ranked_topk` through packed keys: sync-free, used off the CPU."""
+    keys = order_keys(x, torch.arange(x.shape[-1], device=x.device))
+    idx = index_of_keys(torch.topk(keys, k, dim=-1, sorted=True).values)
+    return x.gather(-1, idx), idx
+
+
+def ranked_topk_checked(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """`ranked_topk` through a float top-k of k+1 entries: a row whose (k+1)-th value equals its k-th
+    has a tie across the cut and is redone exactly (rare); rows with equal values inside the top k
+    are re-sorted by (value desc, index asc)."""
+    vocab = x.shape[-1]
+    vals, idx = torch.topk(x, min(k + 1, vocab), dim=-1, sorted=True)
+    tied_rows: list[int] = []
+    if k < vocab:
+        tied_rows = (vals[:, k] == vals[:, k - 1]).nonzero().flatten().tolist() if k else []
+        vals, idx = vals[:, :k], idx[:, :k]
+        if tied_rows:
+            idx = idx.clone()
+            for row in tied_rows:  # the right set; the sort below orders it
+                kth = vals[row, -1]
+                above = (x[row] > kth).nonzero().flatten()
+                at = (x[row] == kth).nonzero().flatten()[: k - above.numel()]  # the lowest ids
+                idx[row] = torch.cat([above, at])
+            vals = x.gather(-1, idx)
+    if tied_rows or (k > 1 and bool((vals[:, 1:] == vals[:, :-1]).any())):
+        by_index = idx.sort(dim=-1).indices
+        idx, vals = idx.gather(-1, by_index), vals.gather(-1, by_index)
+        by_value = torch.sort(vals, dim=-1, descending=True, stable=True).indices  # stable: ids stay ascending
+        idx, vals = idx.gather(-1, by_value), vals.gather(-1, by_value)
+    return vals, idx
+
+
+def host_table(tokens: torch.Tensor, logp: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
+    """A ranked top-k table [D, k] as Python lists in one device->host copy; log-probs float32, clamped
+    at 0 (so children never outscore parents). ValueError on NaN."""
+    lp = logp.float().clamp(max=0.0)
+    if bool(torch.isnan(lp).any()):
+        raise ValueError("draft log-probs contain NaN: check the drafter's logits (dtype overflow?)")
+    packed = torch.stack([tokens.double(), lp.double()]).cpu()  # token ids < 2**53: exact in float64
+    return packed[0].long().tolist(), packed[1].tolist()
+
+
+def f32_add(a: float, b: float) -> float:
+    """The float32 sum of two float32 values (as Python floats): one correctly rounded float32 addition,
+    the same operation the tensor builders perform."""
+    return float(np.float32(a + b))  # a + b in float64 then rounded: exact for float32 addition

@@ -1,0 +1,33 @@
+"""Random inputs and error measures shared by the kernel tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def random_parents(n: int, generator: torch.Generator, max_back: int | None = None) -> Tensor:
+    """[n] parent ids (root -1, parents[i] < i); max_back bounds i - parent (deeper, chain-like trees)."""
+    par = [-1]
+    for i in range(1, n):
+        lo = 0 if max_back is None else max(0, i - max_back)
+        par.append(int(torch.randint(lo, i, (1,), generator=generator)))
+    return torch.tensor(par, dtype=torch.long)
+
+
+def ancestor_mask(parents: Tensor) -> Tensor:
+    """[n, n] bool: row i marks i and its ancestors."""
+    n = parents.numel()
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents.tolist()):
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
+
+
+def rel_err(got: Tensor, ref: Tensor) -> float:
+    """||got - ref|| / ||ref|| in float64; NaN anywhere gives inf."""
+    got, ref = got.double(), ref.double()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
