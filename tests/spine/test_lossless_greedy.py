@@ -37,6 +37,7 @@ def test_greedy_sd_equals_ar(smollm2, ar_outputs, drafter: str, args: dict, budg
     assert accepted > 0, "no draft token was ever accepted: the test would not exercise commit paths"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tree, args", [("eagle2", {"top_k": 3, "max_depth": 4}), ("static", {"tree": "default-31"})])
 def test_greedy_self_tree_drafting_equals_ar(smollm2, ar_outputs, tree: str, args: dict) -> None:
     decoder = SpecDecoder(smollm2, SpecConfig(drafter="self", tree=tree, budget=12, tree_args=args,
