@@ -245,3 +245,60 @@ class SpecDecoder:
 def ar_decoder(target: TargetModel, max_seq_len: int | None = None, verifier: str = "greedy") -> SpecDecoder:
     """The fair baseline: the same loop, model code and cache, with no drafter."""
     return SpecDecoder(target, SpecConfig(drafter=None, verifier=verifier), max_seq_len=max_seq_len)
+
+
+@torch.no_grad()
+def generate_batch(target: TargetModel, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                   temperature: float = 0.0, generator: torch.Generator | None = None,
+                   stop_at_eos: bool = True) -> list[list[int]]:
+    """Responses to `prompts` (greedy at temperature 0, else sampled), each cut after its first EOS
+    (stop_at_eos=False: always max_new_tokens tokens, the model continuing past EOS).
+
+    Batched AR decoding for data regeneration and replay references (not a timed baseline: speed-ups
+    are measured against `SpecDecoder` with no drafter). Prompts are right-padded and prefilled
+    together, each row's cache length is then set to its own prompt length, and every step appends
+    one token per row (rows at different lengths)."""
+    model, dev = target.model, target.device
+    b = len(prompts)
+    lens = [len(p) for p in prompts]
+    width = max(lens)
+    cache = target.new_cache(width + max_new_tokens, batch=b)
+    ids = torch.zeros(b, width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(list(p), dtype=torch.long)
+    ids = ids.to(dev)
+    pos = torch.arange(width, device=dev)[None].expand(b, width)
+    last = model.config.num_layers - 1
+    out = model(ids, pos, cache, None, taps=(last,), logits_rows="last", kv_len=width)
+    rows = torch.arange(b, device=dev)
+    h = out.hidden[last][rows, torch.tensor(lens, device=dev) - 1]  # [B, d]: each row's last prompt token
+    logits = model.lm_head(model.norm(h))  # [B, V]
+    for i, n in enumerate(lens):
+        cache.truncate(n, row=i)
+    eos = torch.tensor(sorted(target.eos_token_ids) or [-1], device=dev)
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    steps: list[torch.Tensor] = []
+    kv_len = width
+    for step in range(max_new_tokens):
+        if temperature > 0:
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        else:
+            nxt = logits.argmax(dim=-1)
+        steps.append(nxt)
+        if stop_at_eos:
+            done |= torch.isin(nxt, eos)
+        if step == max_new_tokens - 1 or bool(done.all()):
+            break
+        out = model(nxt[:, None], cache.lengths[:, None], cache, None, logits_rows=None, kv_len=kv_len + 1)
+        cache.lengths += 1
+        cache.host_lengths = [n + 1 for n in cache.host_lengths]
+        kv_len += 1
+        logits = out.logits[:, 0]
+    table = torch.stack(steps, dim=1).tolist()  # [B, steps]
+    eos_set = set(target.eos_token_ids) if stop_at_eos else set()
+    responses = []
+    for row in table:
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos_set), len(row))
+        responses.append(row[:cut])
+    return responses

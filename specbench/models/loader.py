@@ -211,11 +211,12 @@ def save_hf_dir(cfg: ModelConfig, native_sd: Mapping[str, Tensor], out_dir: Path
 
 
 def state_fingerprint(cfg: ModelConfig, sample: Mapping[str, Any]) -> str:
-    """A short hash identifying a target (config + a few weight values): heads record it so that
+    """A short hash identifying a target (config + a few weight values rounded to bf16, so the same
+    model loaded in bf16 on a GPU and in fp32 on a CPU has one fingerprint): heads record it so that
     loading a head on another target fails clearly."""
     h = hashlib.sha256(json.dumps(cfg.to_hf(), sort_keys=True).encode())
     for key in sorted(sample):
         t = sample[key]
         h.update(key.encode())
-        h.update(t.detach().float().cpu().flatten()[:4096].numpy().tobytes())
+        h.update(t.detach().to(torch.bfloat16).float().cpu().flatten()[:4096].numpy().tobytes())
     return h.hexdigest()[:16]

@@ -1,0 +1,238 @@
+"""tau at T = 0 of the DFlash-family heads beside ngram and self (and eagle3), by exact replay.
+
+    python scripts/tau_table.py --data ../shared/data --out results/tau_table.jsonl            # run / resume
+    python scripts/tau_table.py --out results/tau_table.jsonl --table-only                     # print the table
+
+For every prompt (the first --n items of GSM8K test, MATH-500, MBPP test, HumanEval; the 80 MT-Bench
+first turns): the greedy continuation (max_new_tokens, fp32) and one teacher-forced pass are computed
+once, then every drafter / tree policy / budget is replayed on them (specbench.bench.replay: the same
+accepted count per round as the decode loop). One JSONL row per (prompt, configuration), appended as
+each prompt finishes: rerun the same command to resume. Prompts are taken round-robin over the
+datasets, so a partial run covers every dataset.
+
+Heads load from specbench/heads/<drafter>-<target>/ (or --heads-dir DIR/<drafter>/); a drafter without
+a head is skipped with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DATASETS = ("gsm8k", "math500", "mbpp", "humaneval", "mt_bench")
+HEAD_CONFIGS = [("dflash", "chain"), ("dflash", "ddtree"), ("jetspec", "accum-logp"), ("jetspec", "ddtree"),
+                ("jetspec-tree", "ddtree")]
+
+
+def configurations(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    budgets = [int(b) for b in args.budgets.split(",")]
+    out = [(d, tree, b) for d, tree in HEAD_CONFIGS for b in budgets]
+    out += [("ngram", "ddtree", b) for b in budgets]
+    out += [("self", "chain", b) for b in [int(x) for x in args.self_budgets.split(",") if x]]
+    out += [("eagle3", "eagle2", b) for b in budgets]
+    return out
+
+
+def load_drafters(target, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    import importlib
+
+    from specbench.drafters import DRAFTERS
+
+    for module in ("specbench.drafters.heads.parallel", "specbench.drafters.heads.jetspec_tree",
+                   "specbench.drafters.eagle3.drafter"):  # registers them if the lazy entries are not there yet
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            print(f"tau_table: cannot import {module}: {exc}", file=sys.stderr)
+    drafters = {}
+    for name in ("dflash", "jetspec", "jetspec-tree", "eagle3"):
+        kwargs = {"checkpoint": str(Path(args.heads_dir) / name)} if args.heads_dir else {}
+        try:
+            drafters[name] = DRAFTERS.build(name, target, **kwargs)
+        except Exception as exc:  # no trained head (yet): the other rows are still worth having
+            print(f"tau_table: skipping {name}: {exc}", file=sys.stderr)
+    drafters["ngram"] = DRAFTERS.build("ngram", target)
+    drafters["self"] = DRAFTERS.build("self", target, layers=args.self_layers)
+    return drafters
+
+
+def prompt_order(target, args: argparse.Namespace) -> list[tuple[str, str, list[int]]]:  # type: ignore[no-untyped-def]
+    """(dataset, item id, prompt ids), round-robin over the datasets."""
+    from specbench.data import load_dataset, turn_prompt_ids
+
+    per = {}
+    for name in args.datasets.split(","):
+        items = load_dataset(name, args.data, n=args.n)
+        per[name] = [(name, str(p.id), turn_prompt_ids(target, p, 0, [])) for p in items]
+    out = []
+    for i in range(max(len(v) for v in per.values())):
+        out += [v[i] for v in per.values() if i < len(v)]
+    return out
+
+
+def print_table(rows: list[dict]) -> None:
+    import pandas as pd
+
+    if not rows:
+        print("no rows yet")
+        return
+    df = pd.DataFrame(rows)
+    df["config"] = df["drafter"] + "/" + df["tree"] + "/" + df["budget"].astype(str)
+    table = df.pivot_table(index="config", columns="dataset", values="tau", aggfunc="mean")
+    table["mean"] = table.mean(axis=1)
+    counts = df.pivot_table(index="config", columns="dataset", values="tau", aggfunc="count")
+    order = sorted(table.index, key=lambda c: (c.split("/")[0], c.split("/")[1], int(c.split("/")[2])))
+    pd.set_option("display.width", 200)
+    print(table.loc[order].round(3).to_string())
+    print("\nprompts per cell:", counts.min().min(), "to", counts.max().max(),
+          f"| teacher-forced near-tie positions: {int(df.drop_duplicates(['dataset', 'id'])['tf_mismatch'].sum())}"
+          f" | rounds past the reference end: {int(df['ref_exhausted'].sum())}")
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def run_parallel(args: argparse.Namespace, out: Path) -> int:
+    """N shard processes; their rows (and any earlier rows in OUT) are merged into OUT, without duplicates."""
+    import subprocess
+
+    argv = [a for a in sys.argv[1:]]
+    drop = {"--parallel", "--out", "--shard"}
+    base, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in drop:
+            skip = True
+            continue
+        if a.split("=")[0] in drop:
+            continue
+        base.append(a)
+    shards = [out.with_suffix(f".shard{k}.jsonl") for k in range(args.parallel)]
+    seed_rows = read_rows(out)
+    for path in shards:  # every shard resumes from what is already known
+        known = {json.dumps(r, sort_keys=True) for r in read_rows(path)}
+        with open(path, "a") as f:
+            for r in seed_rows:
+                if json.dumps(r, sort_keys=True) not in known:
+                    f.write(json.dumps(r) + "\n")
+    procs = [subprocess.Popen([sys.executable, __file__, *base, "--out", str(path), "--shard", f"{k}/{args.parallel}"])
+             for k, path in enumerate(shards)]
+    codes = [proc.wait() for proc in procs]
+    merged: dict[tuple, dict] = {}
+    for path in [out, *shards]:
+        for r in read_rows(path):
+            merged[(r["dataset"], r["id"], r["drafter"], r["tree"], r["budget"])] = r
+    tmp = out.with_suffix(".partial")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in merged.values()))
+    tmp.replace(out)
+    print_table(list(merged.values()))
+    return max(codes)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=None, help="benchmark data directory (default $SPECBENCH_DATA)")
+    p.add_argument("--out", required=True, help="JSONL of rows (appended; resumes)")
+    p.add_argument("--target", default="smollm2-135m")
+    p.add_argument("--target-name", default=None,
+                   help="name the shipped heads are filed under (e.g. smollm2-135m when --target is gguf:PATH)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--minutes", type=float, default=None, help="stop cleanly (between prompts) after this long")
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--n", type=int, default=100, help="items per dataset (MT-Bench has 80)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--budgets", default="16,64,256")
+    p.add_argument("--self-budgets", default="4",
+                   help="budgets for the self drafter: each round drafts a chain of B sequential shallow-model "
+                        "steps, so large B costs B forwards per round (on a busy CPU that dominates the run)")
+    p.add_argument("--self-layers", type=int, default=None, help="layers of the self drafter (default: half)")
+    p.add_argument("--heads-dir", default=None, help="DIR with <drafter>/ head checkpoints instead of the shipped heads")
+    p.add_argument("--drafters", default=None, help="only these drafters (comma-separated)")
+    p.add_argument("--ref-batch", type=int, default=1,
+                   help="prompts whose greedy continuations are generated together (1 = exactly the engine's AR "
+                        "numerics; larger is faster on a GPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a shared CPU)")
+    p.add_argument("--shard", default="0/1", help="K/N: only prompts K, K+N, K+2N, ... (of the round-robin order)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="run N shards as N processes (each writes OUT.shardK.jsonl; merged into OUT at the end); "
+                        "on a GPU the per-round Python work is the bottleneck, so N processes share one GPU well")
+    p.add_argument("--table-only", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    if args.parallel > 1:
+        return run_parallel(args, out)
+    rows = read_rows(out)
+    if args.table_only:
+        print_table(rows)
+        return 0
+
+    from specbench.bench.replay import HeadProposals, build_references, replay
+    from specbench.drafters.heads.parallel import ParallelHeadDrafter
+    from specbench.models import load_target
+    from specbench.trees import TREE_POLICIES
+
+    torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target, device=args.device, dtype="float32")
+    if args.target_name:
+        target.name = args.target_name
+    drafters = load_drafters(target, args)
+    wanted = set(args.drafters.split(",")) if args.drafters else None
+    configs = [c for c in configurations(args) if c[0] in drafters and (wanted is None or c[0] in wanted)]
+    policies = {tree: TREE_POLICIES.build(tree) for _, tree, _ in configs}
+    done = {(r["dataset"], r["id"], r["drafter"], r["tree"], r["budget"]) for r in rows}
+    taps = sorted({t for d in drafters.values() for t in d.taps})  # type: ignore[attr-defined]
+    top_k = max(b for _, _, b in configs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    todo = [(ds, pid, ids) for i, (ds, pid, ids) in enumerate(prompt_order(target, args))
+            if i % shards == shard and any((ds, pid, d, t, b) not in done for d, t, b in configs)]
+    print(f"tau_table: {len(todo)} prompts to go, {len(configs)} configurations each", file=sys.stderr)
+    with open(out, "a") as f:
+        for g in range(0, len(todo), args.ref_batch):
+            if args.minutes is not None and time.monotonic() - start > 60 * args.minutes:
+                print(f"tau_table: stopping at the {args.minutes} min budget ({g}/{len(todo)} prompts done)",
+                      file=sys.stderr)
+                break
+            group = todo[g: g + args.ref_batch]
+            t0 = time.monotonic()
+            refs = build_references(target, [ids for _, _, ids in group], args.max_new_tokens, taps,
+                                    batch_size=args.ref_batch)
+            t_ref = (time.monotonic() - t0) / len(group)
+            for k, ((ds, pid, ids), ref) in enumerate(zip(group, refs), start=g):
+                t0 = time.monotonic()
+                proposals = {}
+                for d, tree, budget in configs:
+                    if (ds, pid, d, tree, budget) in done:
+                        continue
+                    drafter = drafters[d]
+                    t1 = time.monotonic()
+                    if isinstance(drafter, ParallelHeadDrafter) and d not in proposals:
+                        proposals[d] = HeadProposals(drafter, ref, top_k=top_k)
+                    res = replay(drafter, ref, policies[tree], budget, args.max_new_tokens, proposals=proposals.get(d))
+                    row = {"dataset": ds, "id": pid, "drafter": d, "tree": tree, "budget": budget, "tau": res.tau,
+                           "rounds": len(res.accepted), "new_tokens": len(res.output), "prompt_len": len(ids),
+                           "tf_mismatch": ref.tf_mismatch, "ref_exhausted": res.ref_exhausted,
+                           "time_s": round(time.monotonic() - t1, 3), "ref_time_s": round(t_ref, 3),
+                           "max_new_tokens": args.max_new_tokens}
+                    f.write(json.dumps(row) + "\n")
+                    rows.append(row)
+                f.flush()
+                print(f"tau_table: {k + 1}/{len(todo)} {ds}/{pid} in {time.monotonic() - t0 + t_ref:.1f}s "
+                      f"(total {time.monotonic() - start:.0f}s)", file=sys.stderr, flush=True)
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""EAGLE-3: the autoregressive feature-level draft head (`head`) and its drafter (`drafter`)."""

@@ -1,0 +1,200 @@
+"""The draft-head backbone shared by dflash, jetspec and jetspec-tree (methods.md §1.1-1.3).
+
+Context: the tapped target layers' outputs at each verified position are concatenated and fused,
+c_i = RMSNorm(W_fc [h^l1_i; ...; h^lm_i]). Every draft layer projects the same c with its own K/V
+projections (+ k-norm and RoPE at the context position) and uses the result as extra keys/values: the
+context is never run through the layers, so a draft-side cache of these K/V (one entry per verified
+position) is all the head keeps between rounds.
+
+Block: the anchor followed by MASK inputs (a learned mask embedding: SmolLM2 and Llama have no mask
+token, and a learned vector leaves the frozen vocabulary untouched) or concrete tokens, at positions
+n .. n+b-1, run through N decoder layers of the target's family (`DecoderLayer` from the native
+decoder, used here as the parameter container: attention projections, q/k norms, MLP, norms).
+Output: the target's frozen LM head over the head's final RMSNorm.
+
+The target's embedding, RoPE tables and LM head are read from the target model passed to each call,
+never owned, so the head's state dict holds only trainable weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specbench.drafters.heads.masks import ATTENTION_KINDS
+from specbench.models.config import ModelConfig
+from specbench.models.decoder import DecoderLayer, RMSNorm, Transformer, apply_rope
+
+
+def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
+    """The DFlash rule (methods.md §1.1): evenly spaced from layer 1 to L-3 (one tap: the middle).
+    Shallow targets (tests) fall back to evenly spaced over all layers."""
+    L = num_target_layers
+    if count == 1:
+        return (L // 2,)
+    if L - 3 > 1 and count <= L - 3:
+        return tuple(round(1 + i * (L - 4) / (count - 1)) for i in range(count))
+    return tuple(sorted({round(i * (L - 1) / (count - 1)) for i in range(count)}))
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Enough to rebuild a head for a given target (stored as JSON beside the weights).
+
+    attention: within-block pattern the head was trained with (bidirectional | block-causal).
+    clean_next: concrete (clean) block inputs were trained to predict the next token, so a pass over
+    a tree's own tokens gives path-conditioned next-token distributions (jetspec-tree).
+    """
+
+    drafter: str
+    taps: tuple[int, ...]
+    num_layers: int = 1
+    block_size: int = 16
+    attention: str = "bidirectional"
+    clean_next: bool = False
+    train: dict[str, Any] = field(default_factory=dict)  # training settings, for the record only
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"head attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.clean_next and self.attention != "block-causal":
+            raise ValueError("clean_next needs block-causal attention (a bidirectional block would see the label)")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (anchor + at least one draft), got {self.block_size}")
+        if self.num_layers < 1 or not self.taps:
+            raise ValueError("a head needs at least one layer and one tap")
+        object.__setattr__(self, "taps", tuple(int(t) for t in self.taps))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["taps"] = list(self.taps)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HeadConfig":
+        known = {k: d[k] for k in ("drafter", "taps", "num_layers", "block_size", "attention", "clean_next", "train") if k in d}
+        return cls(**known)
+
+
+class DraftHead(nn.Module):
+    """Fusion + N injected decoder layers + final norm. Trainable parameters only."""
+
+    def __init__(self, target_config: ModelConfig, config: HeadConfig) -> None:
+        super().__init__()
+        cfg = target_config
+        bad = [t for t in config.taps if not 0 <= t < cfg.num_layers]
+        if bad:
+            raise ValueError(f"taps {bad} are outside the target's {cfg.num_layers} layers")
+        self.config = config
+        self.target_config = cfg
+        d = cfg.hidden_size
+        self.fc = nn.Linear(len(config.taps) * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(d))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(config.num_layers))
+        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    @torch.no_grad()
+    def init_weights(self, target: Transformer, seed: int = 0) -> "DraftHead":
+        """Normal(0, 0.02) matrices, unit norms, the final norm copied from the target's, the mask
+        embedding drawn at the scale of the target's embedding rows."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                vals = torch.zeros(p.shape)
+            elif p.ndim == 1:
+                vals = torch.ones(p.shape)
+            else:
+                vals = 0.02 * torch.randn(p.shape, generator=g)
+            p.copy_(vals.to(p.dtype))
+        self.norm.weight.copy_(target.norm.weight.float())
+        emb_std = float(target.embed.weight.float().std())
+        self.mask_embedding.copy_(emb_std * torch.randn(self.mask_embedding.shape, generator=g))
+        return self
+
+    # ---- pieces ----------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        """The head computes in its own parameter dtype (fp32 master weights when training on a bf16
+        target; the target's dtype at inference): every input is cast to it."""
+        return self.fc.weight.dtype
+
+    def rope(self, positions: Tensor, target: Transformer) -> tuple[Tensor, Tensor]:
+        """cos, sin [B, N, 1, D] from the target's RoPE frequencies, in the head's dtype."""
+        freqs = positions[..., None].float() * target.inv_freq  # [B, N, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def fuse(self, features: Tensor) -> Tensor:
+        """features [B, C, m*d] (the taps concatenated in config order) -> c [B, C, d]."""
+        return self.hidden_norm(self.fc(features))
+
+    def context_kv(self, features: Tensor, positions: Tensor, target: Transformer) -> list[tuple[Tensor, Tensor]]:
+        """Per layer (K, V) [B, Hkv, C, D] of the context features at `positions` [B, C]."""
+        c = self.fuse(features.to(self.dtype))
+        cos, sin = self.rope(positions, target)
+        return [_project_kv(layer, c, cos, sin) for layer in self.layers]
+
+    def embed_block(self, tokens: Tensor, is_mask: Tensor, target: Transformer) -> Tensor:
+        """tokens, is_mask [B, Q] -> input embeddings [B, Q, d] (MASK rows get the mask embedding)."""
+        x = target.embed(tokens).to(self.dtype)
+        return torch.where(is_mask[..., None], self.mask_embedding, x)
+
+    def logits(self, hidden: Tensor, lm_head_weight: Tensor) -> Tensor:
+        """The target's frozen LM head (weight [V, d], already in the head's dtype) on hidden [..., d]."""
+        return F.linear(hidden, lm_head_weight)
+
+    def forward(self, x: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,
+                target: Transformer, return_layers: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """x [B, Q, d] block input embeddings at `positions` [B, Q]; ctx_kv from `context_kv`
+        ([B, Hkv, C, D] per layer); mask [B, Q, C + Q] bool. Returns the final-normed hidden
+        [B, Q, d] (and every layer's output when return_layers)."""
+        cos, sin = self.rope(positions, target)
+        attn_mask = mask[:, None]  # [B, 1, Q, C+Q]
+        outputs: list[Tensor] = []
+        for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
+            x = x + _injected_attention(layer, layer.attn_norm(x), cos, sin, k_ctx, v_ctx, attn_mask)
+            x = x + layer.mlp(layer.mlp_norm(x))
+            outputs.append(x)
+        out = self.norm(x)
+        return (out, outputs) if return_layers else out
+
+
+def _project_kv(layer: DecoderLayer, c: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """The layer's own K/V projections (+ k-norm, RoPE) applied to context features c [B, C, d]."""
+    attn = layer.attn
+    b, n, _ = c.shape
+    q_dim, kv_dim = attn.n_heads * attn.head_dim, attn.n_kv * attn.head_dim
+    w = attn.wqkv.weight[q_dim:]
+    bias = attn.wqkv.bias[q_dim:] if attn.wqkv.bias is not None else None
+    k, v = F.linear(c, w, bias).split([kv_dim, kv_dim], dim=-1)
+    k = k.view(b, n, attn.n_kv, attn.head_dim)
+    v = v.view(b, n, attn.n_kv, attn.head_dim)
+    if attn.k_norm is not None:
+        k = attn.k_norm(k)
+    k = apply_rope(k, cos, sin)
+    return k.transpose(1, 2), v.transpose(1, 2)
+
+
+def _injected_attention(layer: DecoderLayer, h: Tensor, cos: Tensor, sin: Tensor, k_ctx: Tensor, v_ctx: Tensor,
+                        attn_mask: Tensor) -> Tensor:
+    """Attention of the block queries over [context K/V ; block K/V]."""
+    attn = layer.attn
+    b, n, _ = h.shape
+    q_dim, kv_dim = attn.n_heads * attn.head_dim, attn.n_kv * attn.head_dim
+    q, k, v = attn.wqkv(h).split([q_dim, kv_dim, kv_dim], dim=-1)
+    q = q.view(b, n, attn.n_heads, attn.head_dim)
+    k = k.view(b, n, attn.n_kv, attn.head_dim)
+    v = v.view(b, n, attn.n_kv, attn.head_dim)
+    if attn.q_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    keys = torch.cat([k_ctx, k.transpose(1, 2)], dim=2)  # [B, Hkv, C+Q, D]
+    values = torch.cat([v_ctx, v.transpose(1, 2)], dim=2)
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=attn_mask, scale=attn.scale,
+                                       enable_gqa=attn.n_heads != attn.n_kv)  # [B, H, Q, D]
+    return attn.wo(y.transpose(1, 2).reshape(b, n, q_dim))
