@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU jobs of one H200 session, one step per device call (each < 10 minutes):
+#   scripts/gpu_session.sh stage-a | stage-b      copy a model part to /root/stage (carry .gpu-a / .gpu-b)
+#   scripts/gpu_session.sh stage-c                last part + checksum + gguf wheel + data + dequantize (carry .gpu-c .gpu-data)
+#   scripts/gpu_session.sh train                  train dflash, jetspec, jetspec-tree, eagle3 heads together
+#   scripts/gpu_session.sh kernels                Triton kernels: correctness, benchmark, accept/compact, gpu tests
+#   scripts/gpu_session.sh eval1                  tau table (exact replay) + decode tok/s sweep with the trained heads
+#   scripts/gpu_session.sh eval2                  AR vs transformers, tree builders, draft cost, GPU spine tests
+# Model parts come from ../shared/gpu/stage-model.sh; the heads trained by `train` stay in /root/heads
+# for the later steps. Each eval step writes under /root/results/<step>/ and returns one tarball in $OUT
+# (the device returns at most 8 files).
+set -uo pipefail
+export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 SPECBENCH_CACHE=/root/cache
+export SPECBENCH_SMOLLM2_GGUF=/root/stage/smollm2.gguf SPECBENCH_DATA=/root/data
+step=${1:?step}
+t0=$(date +%s)
+since() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+install_heads() {  # trained heads where the drafters look for them (and a flat dir for --heads-dir)
+  for h in dflash jetspec jetspec-tree eagle3; do
+    [ -d /root/heads/$h/int8 ] || { echo "no trained $h head"; continue; }
+    mkdir -p specbench/heads/$h-smollm2-135m /root/hi/$h
+    cp -r /root/heads/$h/int8/. specbench/heads/$h-smollm2-135m/
+    cp -r /root/heads/$h/int8/. /root/hi/$h/
+  done
+}
+
+case "$step" in
+  stage-a|stage-b)
+    part=${step#stage-}
+    mkdir -p /root/stage && cp .gpu-$part/smollm2.part-$part /root/stage/
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+    ls -la /root/stage ;;
+  stage-c)
+    cp .gpu-c/smollm2.part-c /root/stage/
+    cat /root/stage/smollm2.part-a /root/stage/smollm2.part-b /root/stage/smollm2.part-c > /root/stage/smollm2.gguf
+    echo "$(cat .gpu-c/smollm2.sha256)  /root/stage/smollm2.gguf" | sha256sum -c || exit 1
+    python3 -m pip install -q --no-index --no-deps --target /root/site .gpu-c/gguf-*.whl
+    mkdir -p /root/data && cp -r .gpu-data/. /root/data/
+    python3 -c "
+from specbench.models import load_target
+t = load_target('smollm2-135m', device='cuda', dtype='bfloat16')
+print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
+  train)
+    python3 scripts/train_heads_gpu.py --target smollm2-135m --data /root/data \
+      --heads dflash,jetspec,jetspec-tree,eagle3 --minutes "${TRAIN_MINUTES:-8.6}" --out "$OUT" 2>&1 | tee "$OUT/train_stdout.log"
+    mkdir -p /root/heads && for f in "$OUT"/*.tar; do tar -xf "$f" -C /root/heads; done
+    ls /root/heads/* ;;
+  kernels)
+    python3 scripts/gpu_kernels.py --budget "${KERNEL_BUDGET:-270}" ;;
+  eval1)
+    R=/root/results/eval1; mkdir -p $R
+    install_heads
+    since "tau table (exact replay, fp32)"
+    timeout 200 python3 scripts/tau_table.py --target smollm2-135m --device cuda --data /root/data \
+      --heads-dir /root/hi --out "$R/tau.jsonl" --parallel 8 --ref-batch 4 --minutes 2.6 --max-new-tokens 256
+    python3 scripts/tau_table.py --out "$R/tau.jsonl" --table-only > "$R/tau_table.md"; tail -40 "$R/tau_table.md"
+    since "decode tok/s sweep (real engine, bf16, CUDA graphs)"
+    timeout 170 specbench run --device cuda --dtype bfloat16 --out "$R/sweep" --no-progress \
+      experiments/budget_sweep.py n=2 budgets=[16,64,256]
+    specbench table "$R/sweep/results.jsonl" --rows drafter,tree,budget --cols dataset \
+      --value tau,decode_tok_s,speedup_decode | tee "$R/sweep_table.md"
+    tar -czf "$OUT/eval1.tgz" -C /root/results eval1
+    since done ;;
+  eval2)
+    R=/root/results/eval2; mkdir -p $R
+    install_heads
+    since "GPU spine tests"
+    timeout 90 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 | tail -5
+    since "AR: native vs transformers generate (bf16)"
+    timeout 150 python3 scripts/bench_spine.py --device cuda --dtype bfloat16 --gsm8k 10 --budgets 8,16 \
+      --json-out "$R/bench_spine.json" 2>&1 | grep -v Warning
+    since "tree builders on the GPU"
+    timeout 100 python3 scripts/bench_trees.py --device cuda --target smollm2-135m --out "$R/trees" 2>&1 | tail -25
+    since "draft cost per round: eagle3 vs jetspec"
+    timeout 90 python3 scripts/eagle3_draft_cost.py --device cuda --target smollm2-135m \
+      --eagle3-checkpoint /root/hi/eagle3 --jetspec-checkpoint /root/hi/jetspec --out "$R/cost" 2>&1 | tail -22
+    tar -czf "$OUT/eval2.tgz" -C /root/results eval2
+    since done ;;
+  *) echo "unknown step $step"; exit 2 ;;
+esac
