@@ -339,7 +339,7 @@ def bench_attention() -> None:
     for shape, (h, hkv, d, *_rest) in SHAPES.items():
         for c in CONTEXTS:
             for n in NODES:
-                if left() < 200:
+                if left() < 0.3 * OPTS.budget:
                     log(f"b: time budget reached, skipping {shape} C={c} N={n}")
                     continue
                 q, k, v, mask, n_bufs = _bench_inputs(h, hkv, d, c, n, gen)
@@ -501,7 +501,7 @@ def bench_round() -> None:
     greedy, sampling, rng = VERIFIERS.build("greedy"), SamplingConfig(temperature=0.0), TorchRandomness(0)
     rows = []
     for shape, (h, hkv, d, layers, vocab, preset) in SHAPES.items():
-        if left() < 150:
+        if left() < 0.2 * OPTS.budget:
             log(f"c: time budget reached, skipping {shape}")
             continue
         n, c = ROUND_N, ROUND_C
@@ -535,7 +535,7 @@ def bench_round() -> None:
         row["gpu_argmax_accept_us"] = t_acc * 1e6
         row["gpu_round_host_us"] = host_time(lambda: gpu_round().packed.tolist()) * 1e6
 
-        tree = DraftTree(tokens=tokens, parents=parents, depth=depth)  # host lists cached: favours torch
+        tree = DraftTree(tokens=tok_d, parents=par_d, depth=depth.to(DEV))  # host lists cached: favours torch
 
         def torch_round():
             res = greedy.verify(tree, logits, sampling, rng)  # argmax().tolist() + Python walk
