@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from specbench.drafters.init import init_draft_params_
 from specbench.models.config import ModelConfig
 from specbench.models.decoder import MLP, Attention, AttentionFn, AttentionMeta, RMSNorm, Transformer, rope_inv_freq
 
@@ -83,15 +84,7 @@ class Eagle3Head(nn.Module):
     def init_weights(self, target: Transformer, seed: int = 0) -> "Eagle3Head":
         """Normal(0, 0.02) matrices, zero biases, unit norms; then the LM head rows and the final norm
         copied from the target's (rows d2t), which starts training from the target's own readout."""
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                vals = torch.zeros(p.shape)
-            elif p.ndim == 1:
-                vals = torch.ones(p.shape)
-            else:
-                vals = 0.02 * torch.randn(p.shape, generator=g)
-            p.copy_(vals.to(p.dtype))
+        init_draft_params_(self, seed)
         self.lm_head.weight.copy_(target.lm_head.weight[self.d2t.to(target.lm_head.weight.device)].to(self.lm_head.weight))
         self.norm.weight.copy_(target.norm.weight.to(self.norm.weight))
         return self

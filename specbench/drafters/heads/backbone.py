@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specbench.drafters.init import init_draft_params_
 from specbench.drafters.heads.masks import ATTENTION_KINDS
 from specbench.models.config import ModelConfig
 from specbench.models.decoder import DecoderLayer, RMSNorm, Transformer, apply_rope
@@ -102,15 +103,7 @@ class DraftHead(nn.Module):
     def init_weights(self, target: Transformer, seed: int = 0) -> "DraftHead":
         """Normal(0, 0.02) matrices, unit norms, the final norm copied from the target's, the mask
         embedding drawn at the scale of the target's embedding rows."""
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                vals = torch.zeros(p.shape)
-            elif p.ndim == 1:
-                vals = torch.ones(p.shape)
-            else:
-                vals = 0.02 * torch.randn(p.shape, generator=g)
-            p.copy_(vals.to(p.dtype))
+        g = init_draft_params_(self, seed)
         self.norm.weight.copy_(target.norm.weight.float())
         emb_std = float(target.embed.weight.float().std())
         self.mask_embedding.copy_(emb_std * torch.randn(self.mask_embedding.shape, generator=g))
