@@ -29,8 +29,11 @@ class DraftTree:
     tokens      [N] int64   token of each node (tokens[0] = anchor)
     parents     [N] int64   parent index, -1 for the root; parents[i] < i
     depth       [N] int64   root 0, child = parent + 1
-    draft_probs [N, V] f32  optional: the distribution node i's token was drawn from (None = the
-                            drafter chose deterministically, i.e. a point mass); row 0 unused
+    draft_probs [N, V] f32  optional: the law node i's token was drawn from, given everything drawn
+                            before it (earlier siblings included: siblings drawn without replacement
+                            have the renormalised remainders as rows); siblings are in draw order;
+                            None = deterministic choices (point masses); row 0 unused. See
+                            specbench.verify.draft_sampling
     scores      [N] f32     optional: the policy's score of each node (e.g. cumulative draft log-prob)
     """
 
@@ -164,8 +167,11 @@ class DraftTree:
             out.append(parents[out[-1]])
         return out[::-1]
 
-    def validate(self) -> "DraftTree":
-        """Check the invariants; raise TreeError saying which one failed. Returns self."""
+    def validate(self, allow_duplicate_siblings: bool = False) -> "DraftTree":
+        """Check the invariants; raise TreeError saying which one failed. Returns self.
+
+        Duplicate sibling tokens are an error unless allowed: children drawn from q *with replacement*
+        may repeat, and merging them after drawing is lossy (specbench.verify.draft_sampling)."""
         n = self.num_nodes
         if not (self.tokens.shape == self.parents.shape == self.depth.shape == (n,)):
             raise TreeError("tokens, parents and depth must all be 1-D of the same length")
@@ -179,8 +185,9 @@ class DraftTree:
                 raise TreeError(f"node {i} has parent {p}: parents must precede children")
             if depth[i] != depth[p] + 1:
                 raise TreeError(f"node {i} has depth {depth[i]} but its parent has depth {depth[p]}")
-            if (p, tokens[i]) in seen:
-                raise TreeError(f"node {i} duplicates token {tokens[i]} under parent {p}")
+            if not allow_duplicate_siblings and (p, tokens[i]) in seen:
+                raise TreeError(f"node {i} duplicates token {tokens[i]} under parent {p} (trees drawn with "
+                                f"replacement may: pass allow_duplicate_siblings=True)")
             seen.add((p, tokens[i]))
         if self.draft_probs is not None and self.draft_probs.shape[0] != n:
             raise TreeError(f"draft_probs has {self.draft_probs.shape[0]} rows for {n} nodes")

@@ -2,6 +2,11 @@
 
 All randomness a verifier uses goes through `Randomness` primitives, so tests can replace the
 generator with an enumerator of every outcome and compute the exact law of what the verifier emits.
+
+Every primitive is defined by uniforms: `bernoulli(p)` is `u < p` and `categorical(w)` is the inverse
+CDF of `w` at `u` (`inverse_cdf`), one uniform each. Vectorised verifiers pre-draw one uniform per
+node with `uniform(n)` and apply the same two rules to whole tensors, so replaying those uniforms
+through the scalar primitives (`ReplayRandomness`) reproduces the reference implementation exactly.
 Pure: never imports models or the engine.
 """
 
@@ -9,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import torch
 from torch import Tensor
@@ -32,8 +37,27 @@ class VerifyResult:
         return len(self.path) - 1
 
 
+def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
+    """weights [..., V] (non-negative, not necessarily normalised), u [...] in [0, 1) -> index [...].
+
+    Index i is returned for u in [cdf[i-1], cdf[i]) / cdf[-1], computed in float64, so a zero weight
+    is never chosen. Used both by scalar draws and by vectorised verifiers (same ops, same result).
+    """
+    w = weights.to(torch.float64)
+    cdf = torch.cumsum(w, dim=-1)  # [..., V]
+    x = (u.to(device=w.device, dtype=torch.float64) * cdf[..., -1]).unsqueeze(-1)  # [..., 1]
+    idx = torch.searchsorted(cdf, x, right=True).squeeze(-1)  # [...]: first i with cdf[i] > x
+    # u * total can round up to total: then take the last token with positive weight.
+    positive = torch.arange(1, w.shape[-1] + 1, device=w.device) * (w > 0)
+    last_positive = positive.max(dim=-1).values - 1  # [...]
+    return torch.where(idx >= w.shape[-1], last_positive, idx)
+
+
 class Randomness(ABC):
     """The random primitives verifiers (and samplers) may use."""
+
+    #: True when `uniform(n)` is available (vectorised verifiers need it; enumerators cannot give it).
+    draws_uniforms: ClassVar[bool] = False
 
     @abstractmethod
     def bernoulli(self, p: float) -> bool:
@@ -41,30 +65,68 @@ class Randomness(ABC):
 
     @abstractmethod
     def categorical(self, probs: Tensor) -> int:
-        """An index drawn from probs [V] (non-negative, summing to 1)."""
+        """An index drawn from probs [V] (non-negative; normalised by its sum)."""
+
+    def uniform(self, n: int) -> Tensor:
+        """n independent U[0, 1) draws [n] float64 on the CPU (pre-drawn per node by vectorised verifiers)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} draws discrete outcomes only; vectorised verifiers fall back to their "
+            f"reference implementation with it")
 
 
-class TorchRandomness(Randomness):
+class UniformRandomness(Randomness):
+    """Scalar primitives defined by one uniform each (the definition vectorised verifiers share)."""
+
+    draws_uniforms = True
+
+    @abstractmethod
+    def uniform(self, n: int) -> Tensor: ...
+
+    def bernoulli(self, p: float) -> bool:
+        return bool(self.uniform(1)[0] < float(p))
+
+    def categorical(self, probs: Tensor) -> int:
+        return int(inverse_cdf(probs.detach().cpu(), self.uniform(1)[0]))
+
+
+class TorchRandomness(UniformRandomness):
     """Randomness from a seeded torch.Generator on the CPU (reproducible across devices)."""
 
     def __init__(self, seed: int) -> None:
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(int(seed))
 
-    def bernoulli(self, p: float) -> bool:
-        u = torch.rand((), generator=self.generator, dtype=torch.float64).item()
-        return u < float(p)
+    def uniform(self, n: int) -> Tensor:
+        return torch.rand(n, generator=self.generator, dtype=torch.float64)
 
-    def categorical(self, probs: Tensor) -> int:
-        p = probs.detach().to("cpu", torch.float64)
-        return int(torch.multinomial(p, 1, generator=self.generator).item())
+
+class ReplayRandomness(UniformRandomness):
+    """Hands out a given sequence of uniforms, in order; used to run a reference verifier on exactly
+    the uniforms a vectorised one drew. `remaining` says how many were not consumed."""
+
+    def __init__(self, uniforms: Sequence[float] | Tensor) -> None:
+        self.values = torch.as_tensor(uniforms, dtype=torch.float64).flatten().cpu()
+        self.used = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.values.numel() - self.used
+
+    def uniform(self, n: int) -> Tensor:
+        if n > self.remaining:
+            raise RuntimeError(f"replay asked for {n} uniforms with {self.remaining} left")
+        out = self.values[self.used:self.used + n]
+        self.used += n
+        return out
 
 
 class Verifier(ABC):
     """Decides which draft nodes the target accepts, and the bonus token.
 
     lossless: the emitted tokens follow the processed target law exactly (proven by exact tests).
-    needs_draft_probs: the rule reads `tree.draft_probs` (rejection sampling); None rows mean point mass.
+    needs_draft_probs: the rule reads `tree.draft_probs` (rejection sampling); None means point mass.
+    `verify_probs` is the reference rule drawing through the scalar primitives (what `exact_law`
+    enumerates); a verifier may override `verify` with a vectorised implementation of the same rule.
     """
 
     lossless: ClassVar[bool] = True

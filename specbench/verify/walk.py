@@ -1,10 +1,15 @@
 """Tree walks: `greedy` (argmax at T = 0) and `sample-walk` (one target sample per visited node).
 
 sample-walk is lossless for any tree fixed before verification: every emitted token is the target's
-own sample at the node where it is emitted, and the tree does not depend on those samples.
+own sample at the node where it is emitted, and the tree does not depend on those samples. With
+duplicate sibling tokens the walk descends into the first of them (in node order).
+Both run vectorised by default (`specbench.verify.vectorised`); `verify_probs` is the reference walk
+that `exact_law` enumerates.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from torch import Tensor
 
@@ -12,9 +17,12 @@ from specbench.config import SamplingConfig
 from specbench.trees.base import DraftTree
 from specbench.verify import VERIFIERS
 from specbench.verify.base import Randomness, Verifier, VerifyResult
+from specbench.verify.sampling import process_logits
+from specbench.verify.vectorised import greedy_batched, sample_walk_batched
 
 
-def _walk(tree: DraftTree, pick) -> VerifyResult:  # type: ignore[no-untyped-def]
+def walk(tree: DraftTree, pick: Callable[[int], int]) -> VerifyResult:
+    """From the root, descend into the first child whose token is pick(node); stop with pick(node)."""
     tokens, _, _ = tree.host
     children = tree.children
     node, path, out = 0, [0], []
@@ -34,18 +42,22 @@ class GreedyWalk(Verifier):
 
     lossless = True
 
+    def __init__(self, vectorised: bool = True) -> None:
+        self.vectorised = vectorised
+
     def check(self, sampling: SamplingConfig) -> None:
         if not sampling.greedy:
             raise ValueError("the 'greedy' verifier needs temperature 0; use 'sample-walk' (or another lossless sampler) for T > 0")
 
     def verify(self, tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig, rng: Randomness) -> VerifyResult:
         self.check(sampling)
-        argmax = target_logits.argmax(dim=-1).tolist()  # one host read for all nodes
-        return _walk(tree, lambda node: argmax[node])
+        if self.vectorised:
+            return greedy_batched(tree, target_logits)
+        return self.verify_probs(tree, target_logits, rng)
 
     def verify_probs(self, tree: DraftTree, target_probs: Tensor, rng: Randomness) -> VerifyResult:
-        argmax = target_probs.argmax(dim=-1).tolist()
-        return _walk(tree, lambda node: argmax[node])
+        argmax = target_probs.argmax(dim=-1).tolist()  # one host read for all nodes
+        return walk(tree, lambda node: argmax[node])
 
 
 @VERIFIERS.register("sample-walk")
@@ -54,5 +66,14 @@ class SampleWalk(Verifier):
 
     lossless = True
 
+    def __init__(self, vectorised: bool = True) -> None:
+        self.vectorised = vectorised
+
+    def verify(self, tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig, rng: Randomness) -> VerifyResult:
+        probs = process_logits(target_logits, sampling)
+        if self.vectorised and rng.draws_uniforms:
+            return sample_walk_batched(tree, probs, rng.uniform(tree.num_nodes))
+        return self.verify_probs(tree, probs, rng)
+
     def verify_probs(self, tree: DraftTree, target_probs: Tensor, rng: Randomness) -> VerifyResult:
-        return _walk(tree, lambda node: rng.categorical(target_probs[node]))
+        return walk(tree, lambda node: rng.categorical(target_probs[node]))

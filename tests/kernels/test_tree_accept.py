@@ -91,3 +91,25 @@ def test_full_size_trees_on_gpu(cuda) -> None:
             tokens, parents, argmax = _random_case(n, vocab, g, plant=True)
             got = tree_accept(tokens.to(cuda), parents.to(cuda), argmax.to(cuda))
             assert torch.equal(got.packed.cpu(), tree_accept_reference(tokens, parents, argmax))
+
+
+def test_batched_walk_through_the_kernel_equals_the_torch_walk() -> None:
+    """The verifiers' batched walk takes the tree_accept kernel on CUDA; both paths agree on random
+    trees with duplicate siblings (here under the interpreter or on a GPU)."""
+    from specbench.trees.base import DraftTree
+    from specbench.verify.vectorised import walk_batched
+
+    g = torch.Generator().manual_seed(11)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for _ in range(25):
+        n = int(torch.randint(1, 40, (1,), generator=g))
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+        depth = [0] * n
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+        tokens = torch.randint(0, 3, (n,), generator=g)
+        tree = DraftTree(tokens.to(dev), torch.tensor(parents, device=dev), torch.tensor(depth, device=dev))
+        picks = torch.randint(0, 3, (n,), generator=g).to(dev)
+        a = walk_batched(tree, picks, use_kernel=True)
+        b = walk_batched(tree, picks, use_kernel=False)
+        assert (a.path, a.tokens) == (b.path, b.tokens)
