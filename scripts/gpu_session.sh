@@ -6,6 +6,10 @@
 #   scripts/gpu_session.sh kernels                Triton kernels: correctness, benchmark, accept/compact, gpu tests
 #   scripts/gpu_session.sh eval1                  tau table (exact replay) + decode tok/s sweep with the trained heads
 #   scripts/gpu_session.sh eval2                  AR vs transformers, tree builders, draft cost, GPU spine tests
+#   scripts/gpu_session.sh profile                GPU verifier tests + where a round's time goes (profile_round.py)
+#   scripts/gpu_session.sh tau                    tau table by exact replay (resumes from .gpu-results/tau.jsonl)
+#   scripts/gpu_session.sh sweep                  decode tok/s of the head table (experiments/head_table.py)
+# Heads come from specbench/heads/ (the shipped int8 heads) unless `train` ran in this session.
 # Model parts come from ../shared/gpu/stage-model.sh; the heads trained by `train` stay in /root/heads
 # for the later steps. Each eval step writes under /root/results/<step>/ and returns one tarball in $OUT
 # (the device returns at most 8 files).
@@ -77,6 +81,38 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
     timeout 90 python3 scripts/eagle3_draft_cost.py --device cuda --target smollm2-135m \
       --eagle3-checkpoint /root/hi/eagle3 --jetspec-checkpoint /root/hi/jetspec --out "$R/cost" 2>&1 | tail -22
     tar -czf "$OUT/eval2.tgz" -C /root/results eval2
+    since done ;;
+  profile)
+    R=/root/results/profile; mkdir -p $R
+    since "GPU verifier tests"
+    timeout 120 python3 -m pytest -m gpu tests/verify -q -p no:cacheprovider > $R/verify_gpu.txt 2>&1; tail -3 $R/verify_gpu.txt
+    configs="${PROFILE_CONFIGS:-ar/chain/1,dflash/chain/16,dflash/ddtree/64,jetspec-tree/ddtree/64,eagle3/eagle2/64,self/chain/4}"
+    for variant in masked-sdpa-off-cudnn cudnn-allowed; do
+      since "round profile ($variant; bf16, CUDA graphs)"
+      SPECBENCH_SDPA_CUDNN=$([ $variant = cudnn-allowed ] && echo 1 || echo 0) timeout 200 python3 scripts/profile_round.py \
+        --device cuda --dtype bfloat16 --prompts 1 --max-new-tokens 96 --top 15 --configs "$configs" \
+        $([ $variant = masked-sdpa-off-cudnn ] && echo --kernels) > $R/$variant.txt 2>&1
+      grep "^==" $R/$variant.txt
+    done
+    tar -czf "$OUT/profile.tgz" -C /root/results profile
+    since done ;;
+  tau)
+    R=/root/results/tau; mkdir -p $R
+    [ -f .gpu-results/tau.jsonl ] && cp .gpu-results/tau.jsonl $R/tau.jsonl
+    since "tau table (exact replay, fp32), $(wc -l < $R/tau.jsonl 2>/dev/null || echo 0) rows so far"
+    timeout $(( ${TAU_SECONDS:-540} + 40 )) python3 scripts/tau_table.py --target smollm2-135m --device cuda --data /root/data \
+      --out "$R/tau.jsonl" --parallel "${TAU_PARALLEL:-12}" --ref-batch 4 --minutes "$(python3 -c "print(${TAU_SECONDS:-540}/60 - 1.5)")" \
+      --max-new-tokens 256 2>&1 | grep -v "tau_table: [0-9]" | tail -40
+    cat $R/tau.jsonl $R/tau.shard*.jsonl > "$OUT/tau_rows.jsonl"  # the shards too, in case the merge was cut off
+    since done ;;
+  sweep)
+    R=/root/results/sweep; mkdir -p $R
+    since "decode tok/s: experiments/head_table.py (bf16, CUDA graphs)"
+    timeout "${SWEEP_SECONDS:-400}" python3 -m specbench.cli run --device cuda --dtype bfloat16 --data-dir /root/data \
+      --out "$R/run" --no-progress experiments/head_table.py n="${SWEEP_N:-2}"
+    python3 -m specbench.cli table "$R/run/results.jsonl" --rows drafter,tree,budget --cols dataset \
+      --value tau,decode_tok_s,speedup_decode | tee "$R/table.md"
+    tar -czf "$OUT/sweep.tgz" -C /root/results sweep
     since done ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

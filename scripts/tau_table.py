@@ -210,6 +210,8 @@ def main() -> int:
                                     batch_size=args.ref_batch)
             t_ref = (time.monotonic() - t0) / len(group)
             for k, ((ds, pid, ids), ref) in enumerate(zip(group, refs), start=g):
+                if args.minutes is not None and time.monotonic() - start > 60 * args.minutes:
+                    break  # rows are written per prompt: a rerun picks up the rest of this group
                 t0 = time.monotonic()
                 proposals = {}
                 for d, tree, budget in configs:

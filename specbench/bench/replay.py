@@ -13,8 +13,13 @@ Proposals:
   each anchor), keeping the top-K log-probs per depth (K >= every budget; tree policies read only
   their top-`budget` / top-`width` entries, the rest is filled far below). jetspec-tree's second pass
   runs at each visited anchor against the context K/V of the positions before it.
-* Any other drafter (ngram, self, eagle3, ...): its own begin/draft/observe, where `observe` gets the
-  teacher-forced tapped states at the accepted nodes (the rows it is entitled to read; others NaN).
+* `self` under `chain` (fast path): a greedy chain drafted along the reference is, token for token,
+  the shallow model's teacher-forced argmax, up to and including the first token that differs from
+  the reference; the walk never reads past that token. So one teacher-forced shallow pass over the
+  sequence gives every round's chain (only its prefix up to the first rejected token is built).
+* Any other drafter (ngram, self under a growing policy, eagle3, ...): its own begin/draft/observe,
+  where `observe` gets the teacher-forced tapped states at the accepted nodes (the rows it is
+  entitled to read; others NaN).
 
 Numerics: the reference is what AR greedy decoding emits. Where the teacher-forced pass's argmax
 differs from the generated token (near-ties between two logits), the real decode loop could follow
@@ -34,6 +39,7 @@ from specbench.drafters.base import Drafter, DraftState
 from specbench.drafters.heads.drafter import head_logp
 from specbench.drafters.heads.masks import uniform_blocks_mask
 from specbench.drafters.heads.parallel import ParallelHeadDrafter
+from specbench.drafters.self_draft import SelfDrafter
 from specbench.models.decoder import ForwardOutput
 from specbench.models.target import TargetModel
 from specbench.engine import generate_batch
@@ -204,6 +210,28 @@ def replay_head(drafter: ParallelHeadDrafter, ref: Reference, policy: TreePolicy
     return simulate(ref, max_new_tokens, set(drafter.target.eos_token_ids), propose)
 
 
+def replay_self_chain(drafter: SelfDrafter, ref: Reference, budget: int, max_new_tokens: int) -> ReplayResult:
+    """Replay the `self` drafter's greedy chain through one teacher-forced pass of its shallow model."""
+    target, seq = drafter.target, ref.sequence
+    length = len(seq)
+    with torch.inference_mode():
+        ids = torch.tensor([seq], device=target.device)
+        out = target.forward(ids, torch.arange(length, device=target.device)[None],
+                             target.new_cache(length, num_layers=drafter.layers), None, (),
+                             num_layers=drafter.layers, kv_len=length)
+        predicted = out.logits[0].argmax(-1).tolist()  # [L]: the shallow model's next token after each position
+
+    def propose(n: int) -> DraftTree:
+        chain: list[int] = []
+        for pos in range(n, min(n + budget, length)):  # drafting along the reference while it matches
+            chain.append(predicted[pos])
+            if pos + 1 >= length or predicted[pos] != seq[pos + 1]:
+                break
+        return DraftTree.chain(seq[n], chain, device=target.device)
+
+    return simulate(ref, max_new_tokens, set(target.eos_token_ids), propose)
+
+
 class _GenericProposer:
     """Drives any drafter's begin/draft/observe on the reference."""
 
@@ -246,11 +274,14 @@ def replay_drafter(drafter: Drafter, ref: Reference, policy: TreePolicy, budget:
 
 def replay(drafter: Drafter, ref: Reference, policy: TreePolicy, budget: int, max_new_tokens: int,
            proposals: HeadProposals | None = None, max_seq_len: int = 2048) -> ReplayResult:
-    """The fast path for DFlash-family heads, the generic path for everything else."""
+    """The fast paths for DFlash-family heads and the self drafter's chain, the generic path for
+    everything else."""
     if isinstance(drafter, ParallelHeadDrafter):
         return replay_head(drafter, ref, policy, budget, max_new_tokens, proposals)
+    if isinstance(drafter, SelfDrafter) and policy.name == "chain":
+        return replay_self_chain(drafter, ref, budget, max_new_tokens)
     return replay_drafter(drafter, ref, policy, budget, max_new_tokens, max_seq_len)
 
 
 __all__ = ["Reference", "ReplayResult", "HeadProposals", "build_references", "replay", "replay_drafter", "replay_head",
-           "simulate", "walk"]
+           "replay_self_chain", "simulate", "walk"]

@@ -12,12 +12,14 @@ dense boolean mask over the cache; the Triton tree-attention kernel plugs in bes
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specbench.models.config import ModelConfig
 
@@ -115,13 +117,33 @@ class AttentionMeta:
     tree_bits: Tensor | None = None  # [B, N, ceil(N/32)] int32 packed tree mask, built by the triton backend
 
 
+# On Hopper PyTorch may pick cuDNN for masked attention. cuDNN builds an execution plan per distinct
+# shape, which costs milliseconds: harmless for the CUDA-graph verify forward (one shape, read over the
+# whole cache), ruinous for eager calls whose context grows every round (each draft-head pass, each
+# self-draft step). Measured on an H200 (bf16, SmolLM2, scripts/profile_round.py): dflash/ddtree/64
+# draft 11.4 -> 4.6 ms/round, eagle3/eagle2/64 228 -> 26 ms/round with cuDNN kept off eager calls.
+# SPECBENCH_SDPA_CUDNN=1 leaves every call to PyTorch's own choice (to measure the difference).
+EAGER_MASKED_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+_CUDNN_EVERYWHERE = os.environ.get("SPECBENCH_SDPA_CUDNN") == "1"
+
+
+def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, *, static_shape: bool = False) -> Tensor:
+    """F.scaled_dot_product_attention with a boolean mask: q [B, H, N, D], k/v [B, Hkv, S, D], mask
+    broadcastable to [B, H, N, S]. static_shape: the same shapes recur (a captured forward over the
+    whole cache), so PyTorch's backend choice stands; otherwise `EAGER_MASKED_SDPA_BACKENDS`."""
+    gqa = q.shape[1] != k.shape[1]
+    if static_shape or _CUDNN_EVERYWHERE or q.device.type != "cuda":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    with sdpa_kernel(list(EAGER_MASKED_SDPA_BACKENDS)):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
 def sdpa_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
     if meta.dense_mask is None:
         meta.dense_mask = attention_mask(meta.lengths, meta.tree_mask, meta.kv_len)
-    k = k_cache[:, :, : meta.kv_len]
-    v = v_cache[:, :, : meta.kv_len]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=meta.dense_mask, scale=scale,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    whole_cache = meta.kv_len == k_cache.shape[2]  # the CUDA-graph path: one shape for every call
+    return masked_sdpa(q, k_cache[:, :, : meta.kv_len], v_cache[:, :, : meta.kv_len], meta.dense_mask, scale,
+                       static_shape=whole_cache)
 
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, AttentionMeta, float], Tensor]

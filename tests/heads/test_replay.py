@@ -48,13 +48,15 @@ def test_head_replay_equals_decoding(tiny, trained_tiny_heads, refs, name, tree,
     assert accepted > 0
 
 
-@pytest.mark.parametrize("name, args, tree, budget", [("ngram", {}, "ddtree", 8), ("self", {"layers": 1}, "chain", 5)])
+@pytest.mark.parametrize("name, args, tree, budget", [("ngram", {}, "ddtree", 8), ("self", {"layers": 1}, "chain", 5),
+                                                     ("self", {"layers": 2}, "chain", 12)])
 def test_generic_replay_equals_decoding(tiny, refs, name, args, tree, budget) -> None:
     policy = TREE_POLICIES.build(tree)
     for prompt, ref in zip(PROMPTS, refs):
-        got = replay(DRAFTERS.build(name, tiny, **args), ref, policy, budget, NEW)
+        got = replay(DRAFTERS.build(name, tiny, **args), ref, policy, budget, NEW)  # self/chain: the fast path
+        generic = replay_drafter(DRAFTERS.build(name, tiny, **args), ref, policy, budget, NEW)
         rounds, _ = sd_rounds(tiny, name, DRAFTERS.build(name, tiny, **args), tree, budget, prompt)
-        assert got.accepted == rounds
+        assert got.accepted == rounds and generic.accepted == rounds
 
 
 def test_walk_follows_the_reference() -> None:

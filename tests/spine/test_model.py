@@ -141,3 +141,19 @@ def test_rope_frequencies_stay_fp32_in_bf16_models() -> None:
     cos, _ = target.model.rope(torch.tensor([[2000]]))
     ref = torch.cos(2000 * target.model.inv_freq.double())
     assert float((cos[0, 0, 0, : ref.numel()].double() - ref).abs().max()) < 1e-2  # bf16 output rounding only
+
+
+@pytest.mark.parametrize("static_shape", [False, True])
+def test_masked_sdpa_equals_softmax_attention(static_shape: bool) -> None:
+    """The masked-attention helper (both backend choices) is plain masked softmax attention with GQA."""
+    from specbench.models.decoder import masked_sdpa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 6, 5, 8, generator=g), torch.randn(2, 2, 11, 8, generator=g), torch.randn(2, 2, 11, 8, generator=g)
+    mask = torch.rand(2, 1, 5, 11, generator=g) < 0.6
+    mask[..., 0] = True
+    kr, vr = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
+    scores = (q @ kr.transpose(-1, -2) * 0.3).masked_fill(~mask, float("-inf"))
+    expected = torch.softmax(scores, dim=-1) @ vr
+    got = masked_sdpa(q, k, v, mask, 0.3, static_shape=static_shape)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

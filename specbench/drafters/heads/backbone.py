@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from specbench.drafters.init import init_draft_params_
 from specbench.drafters.heads.masks import ATTENTION_KINDS
 from specbench.models.config import ModelConfig
-from specbench.models.decoder import DecoderLayer, RMSNorm, Transformer, apply_rope
+from specbench.models.decoder import DecoderLayer, RMSNorm, Transformer, apply_rope, masked_sdpa
 
 
 def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
@@ -188,6 +188,5 @@ def _injected_attention(layer: DecoderLayer, h: Tensor, cos: Tensor, sin: Tensor
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     keys = torch.cat([k_ctx, k.transpose(1, 2)], dim=2)  # [B, Hkv, C+Q, D]
     values = torch.cat([v_ctx, v.transpose(1, 2)], dim=2)
-    y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=attn_mask, scale=attn.scale,
-                                       enable_gqa=attn.n_heads != attn.n_kv)  # [B, H, Q, D]
+    y = masked_sdpa(q.transpose(1, 2), keys, values, attn_mask, attn.scale)  # [B, H, Q, D]
     return attn.wo(y.transpose(1, 2).reshape(b, n, q_dim))
