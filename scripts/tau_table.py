@@ -2,6 +2,7 @@
 
     python scripts/tau_table.py --data ../shared/data --out results/tau_table.jsonl            # run / resume
     python scripts/tau_table.py --out results/tau_table.jsonl --table-only                     # print the table
+    python scripts/tau_table.py --out docs/measurements/tau_table_smollm2-135m.jsonl.gz --table-only  # the shipped heads' table
 
 For every prompt (the first --n items of GSM8K test, MATH-500, MBPP test, HumanEval; the 80 MT-Bench
 first turns): the greedy continuation (max_new_tokens, fp32) and one teacher-forced pass are computed
@@ -17,6 +18,7 @@ a head is skipped with a message.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -95,7 +97,11 @@ def print_table(rows: list[dict]) -> None:
 
 
 def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """The rows of a JSONL file (gzip-compressed if it ends in .gz), [] if there is none."""
+    if not path.is_file():
+        return []
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def run_parallel(args: argparse.Namespace, out: Path) -> int:
