@@ -8,6 +8,7 @@
 #   scripts/gpu_session.sh eval2                  AR vs transformers, tree builders, draft cost, GPU spine tests
 #   scripts/gpu_session.sh profile                GPU verifier tests + where a round's time goes (profile_round.py)
 #   scripts/gpu_session.sh tau                    tau table by exact replay (resumes from .gpu-results/tau.jsonl)
+#   scripts/gpu_session.sh attn                   the same head_table subset with attention=sdpa, then =triton
 #   scripts/gpu_session.sh sweep                  decode tok/s of the head table (experiments/head_table.py)
 # Heads come from specbench/heads/ (the shipped int8 heads) unless `train` ran in this session.
 # Model parts come from ../shared/gpu/stage-model.sh; the heads trained by `train` stay in /root/heads
@@ -103,13 +104,23 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
     timeout $(( ${TAU_SECONDS:-540} + 40 )) python3 scripts/tau_table.py --target smollm2-135m --device cuda --data /root/data \
       --out "$R/tau.jsonl" --parallel "${TAU_PARALLEL:-12}" --ref-batch 4 --minutes "$(python3 -c "print(${TAU_SECONDS:-540}/60 - 1.5)")" \
       --max-new-tokens 256 2>&1 | grep -v "tau_table: [0-9]" | tail -40
-    cat $R/tau.jsonl $R/tau.shard*.jsonl > "$OUT/tau_rows.jsonl"  # the shards too, in case the merge was cut off
+    cat $R/tau.jsonl $R/tau.shard*.jsonl | gzip > "$OUT/tau_rows.jsonl.gz"  # the shards too, in case the merge was cut off; gzip: a full table is over the per-file return limit
+    since done ;;
+  attn)
+    R=/root/results/attn; mkdir -p $R
+    for a in sdpa triton; do
+      since "decode tok/s with attention=$a (head_table subset)"
+      timeout "${ATTN_SECONDS:-120}" python3 -m specbench.cli run --device cuda --dtype bfloat16 --data-dir /root/data \
+        --out "$R/$a" --no-progress experiments/head_table.py n="${ATTN_N:-2}" 'max_new_tokens=[128]' attention=$a \
+        'drafters=[dflash,jetspec-tree,ngram]' 'trees=[ddtree]' 'budgets=[64]' | tail -3
+    done
+    tar -czf "$OUT/attn.tgz" -C /root/results attn
     since done ;;
   sweep)
     R=/root/results/sweep; mkdir -p $R
     since "decode tok/s: experiments/head_table.py (bf16, CUDA graphs)"
     timeout "${SWEEP_SECONDS:-400}" python3 -m specbench.cli run --device cuda --dtype bfloat16 --data-dir /root/data \
-      --out "$R/run" --no-progress experiments/head_table.py n="${SWEEP_N:-2}"
+      --out "$R/run" --no-progress experiments/head_table.py n="${SWEEP_N:-2}" ${SWEEP_ARGS:-}
     python3 -m specbench.cli table "$R/run/results.jsonl" --rows drafter,tree,budget --cols dataset \
       --value tau,decode_tok_s,speedup_decode | tee "$R/table.md"
     tar -czf "$OUT/sweep.tgz" -C /root/results sweep

@@ -170,6 +170,9 @@ def main() -> int:
     p.add_argument("--parallel", type=int, default=1,
                    help="run N shards as N processes (each writes OUT.shardK.jsonl; merged into OUT at the end); "
                         "on a GPU the per-round Python work is the bottleneck, so N processes share one GPU well")
+    p.add_argument("--reverse", action="store_true",
+                   help="take the remaining prompts from the end of the order (a second machine filling the same "
+                        "table from the other end; merge the outputs, rows are keyed by prompt and configuration)")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args()
     out = Path(args.out)
@@ -203,6 +206,8 @@ def main() -> int:
     shard, shards = (int(x) for x in args.shard.split("/"))
     todo = [(ds, pid, ids) for i, (ds, pid, ids) in enumerate(prompt_order(target, args))
             if i % shards == shard and any((ds, pid, d, t, b) not in done for d, t, b in configs)]
+    if args.reverse:
+        todo.reverse()
     print(f"tau_table: {len(todo)} prompts to go, {len(configs)} configurations each", file=sys.stderr)
     with open(out, "a") as f:
         for g in range(0, len(todo), args.ref_batch):
