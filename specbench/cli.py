@@ -39,7 +39,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target name: smollm2-135m (default, or $SPECBENCH_TARGET), gguf:PATH, hf:DIR, random:PRESET")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--attention", default="sdpa", help="attention backend: sdpa (reference) or triton (CUDA)")
+    p.add_argument("--attention", default="auto", help="attention backend: auto (triton on CUDA, else sdpa), sdpa (reference) or triton")
     p.add_argument("--max-seq-len", type=int, default=2048, help="tokens the static KV cache holds")
 
 

@@ -81,7 +81,7 @@ class RunConfig:
     max_seq_len: int = 2048
     device: str = "cpu"
     dtype: str = "float32"
-    attention: str = "sdpa"
+    attention: str = "auto"  # triton on CUDA, sdpa elsewhere
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

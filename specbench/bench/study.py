@@ -132,7 +132,7 @@ class Study:
     max_seq_len: int = 2048
     device: str = "cpu"
     dtype: str = "float32"
-    attention: str = "sdpa"
+    attention: str = "auto"
     warmup_tokens: int = 8
     table: TableSpec = field(default_factory=TableSpec)
     description: str = ""

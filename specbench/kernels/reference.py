@@ -80,3 +80,46 @@ def kv_compact_reference(k: Tensor, v: Tensor, path: Tensor, base: Tensor) -> No
         dst = int(base[b]) + torch.arange(p.numel(), device=k.device)
         for buf in (k, v):
             buf[:, b].index_copy_(2, dst, buf[:, b].index_select(2, src))
+
+
+def rmsnorm_reference(x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(RMSNorm(x + delta) * weight, x + delta): the residual add in x's dtype, the norm in fp32, cast back
+    to x's dtype before the weight (what `specbench.models.decoder.RMSNorm` does)."""
+    if delta is not None:
+        x = x + delta
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * normed, x
+
+
+def qkv_rope_reference(qkv: Tensor, cos: Tensor, sin: Tensor, n_heads: int, n_kv: int, head_dim: int, k_cache: Tensor,
+                       v_cache: Tensor, slots: Tensor, q_norm: Tensor | None = None, k_norm: Tensor | None = None,
+                       eps: float = 1e-6) -> Tensor | None:
+    """`specbench.kernels.fused.qkv_rope` in plain ops: split, per-head RMSNorm, rotate-half RoPE, K/V
+    scattered into the caches at `slots` [B, N]; returns q [B, H, N, D] (None when n_heads == 0)."""
+    b, n, _ = qkv.shape
+    q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
+    q = q.reshape(b, n, n_heads, head_dim)
+    k = k.reshape(b, n, n_kv, head_dim)
+    v = v.reshape(b, n, n_kv, head_dim)
+    cos, sin = cos.reshape(b, n, 1, head_dim), sin.reshape(b, n, 1, head_dim)
+
+    def norm(x: Tensor, w: Tensor | None) -> Tensor:
+        return x if w is None else rmsnorm_reference(x, w, eps)[0]
+
+    def rope(x: Tensor) -> Tensor:
+        half = head_dim // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return (x * cos + rotated * sin).to(x.dtype)
+
+    k = rope(norm(k, k_norm))
+    index = slots[:, None, :, None].expand(b, n_kv, n, head_dim)
+    k_cache.scatter_(2, index, k.transpose(1, 2).to(k_cache.dtype))
+    v_cache.scatter_(2, index, v.transpose(1, 2).to(v_cache.dtype))
+    return rope(norm(q, q_norm)).transpose(1, 2) if n_heads > 0 else None
+
+
+def silu_mul_reference(gate_up: Tensor) -> Tensor:
+    """gate_up [..., 2I] -> silu(gate) * up [..., I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from specbench.kernels.reference import qkv_rope_reference, rmsnorm_reference, silu_mul_reference
 from specbench.models.config import ModelConfig
 
 
@@ -174,9 +175,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rmsnorm_reference(x, self.weight, self.eps)[0]
 
 
 def rope_inv_freq(cfg: ModelConfig) -> Tensor:
@@ -208,6 +207,31 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x * cos + rotated * sin).to(x.dtype)
 
 
+@dataclass(frozen=True)
+class LayerOps:
+    """The element-wise work between a layer's matrix products. `REFERENCE_OPS` are plain PyTorch (the
+    CPU path, and what the kernels are tested against); `fused_ops()` are the Triton kernels of
+    `specbench.kernels.fused` (one launch each instead of several), used on CUDA.
+
+    norm(x, weight, eps, delta) -> (RMSNorm(x + delta) * weight, x + delta)
+    qkv_rope(qkv, cos, sin, H, Hkv, D, k_cache, v_cache, slots, q_norm, k_norm, eps) -> q [B, H, N, D]
+    silu_mul(gate_up) -> silu(gate) * up
+    """
+
+    norm: Callable[..., tuple[Tensor, Tensor]]
+    qkv_rope: Callable[..., Tensor | None]
+    silu_mul: Callable[[Tensor], Tensor]
+
+
+REFERENCE_OPS = LayerOps(rmsnorm_reference, qkv_rope_reference, silu_mul_reference)
+
+
+def fused_ops() -> LayerOps:
+    from specbench.kernels.fused import qkv_rope, rmsnorm, silu_mul
+
+    return LayerOps(rmsnorm, qkv_rope, silu_mul)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -219,23 +243,20 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
 
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
+                ops: LayerOps = REFERENCE_OPS) -> Tensor:
+        """q [B, H, N, D] of x [B, N, d]; the new K/V are written into the caches at `slots` [B, N]."""
+        norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)  # type: ignore[union-attr]
+        eps = self.q_norm.eps if self.q_norm is not None else 1e-6
+        return ops.qkv_rope(self.wqkv(x), cos, sin, self.n_heads, self.n_kv, self.head_dim, k_cache, v_cache, slots,
+                            *norms, eps=eps)
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                slots: Tensor, meta: AttentionMeta, attend: AttentionFn) -> Tensor:
+                slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         b, n, _ = x.shape
-        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        q, k, v = self.wqkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)
-        q = q.view(b, n, self.n_heads, self.head_dim)  # [B, N, H, D]
-        k = k.view(b, n, self.n_kv, self.head_dim)  # [B, N, Hkv, D]
-        v = v.view(b, n, self.n_kv, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # Append the new K/V at their slots: [B, Hkv, N, D] scattered along the sequence dim.
-        index = slots[:, None, :, None].expand(b, self.n_kv, n, self.head_dim)
-        k_cache.scatter_(2, index, k.transpose(1, 2).to(k_cache.dtype))
-        v_cache.scatter_(2, index, v.transpose(1, 2).to(v_cache.dtype))
-        y = attend(q.transpose(1, 2), k_cache, v_cache, meta, self.scale)  # [B, H, N, D]
-        return self.wo(y.transpose(1, 2).reshape(b, n, q_dim))
+        q = self.project(x, cos, sin, k_cache, v_cache, slots, ops)
+        y = attend(q, k_cache, v_cache, meta, self.scale)  # [B, H, N, D]
+        return self.wo(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -244,9 +265,8 @@ class MLP(nn.Module):
         self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
-        return self.w_down(F.silu(gate) * up)
+    def forward(self, x: Tensor, ops: LayerOps = REFERENCE_OPS) -> Tensor:
+        return self.w_down(ops.silu_mul(self.w_gate_up(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -257,10 +277,20 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
+    def step(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+             slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS
+             ) -> tuple[Tensor, Tensor]:
+        """The layer on the residual stream x + delta (delta None: x), returned the same way, so each
+        residual add is fused into the norm that follows it."""
+        h, x = ops.norm(x, self.attn_norm.weight, self.attn_norm.eps, delta)
+        a = self.attn(h, cos, sin, k_cache, v_cache, slots, meta, attend, ops)
+        h, x = ops.norm(x, self.mlp_norm.weight, self.mlp_norm.eps, a)
+        return x, self.mlp(h, ops)
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                slots: Tensor, meta: AttentionMeta, attend: AttentionFn) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, k_cache, v_cache, slots, meta, attend)
-        return x + self.mlp(self.mlp_norm(x))
+                slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:
+        x, delta = self.step(x, None, cos, sin, k_cache, v_cache, slots, meta, attend, ops)
+        return x + delta
 
 
 @dataclass
@@ -284,11 +314,20 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.attention = attention
         self._attend = get_attention_backend(attention)
+        self.ops = REFERENCE_OPS
         self.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
 
     def set_attention(self, name: str) -> None:
         self._attend = get_attention_backend(name)
         self.attention = name
+
+    @property
+    def fused(self) -> bool:
+        return self.ops is not REFERENCE_OPS
+
+    def set_fused(self, fused: bool) -> None:
+        """Fused Triton element-wise kernels (`fused_ops`, CUDA) or the PyTorch reference ops."""
+        self.ops = fused_ops() if fused else REFERENCE_OPS
 
     def new_cache(self, batch: int, max_seq_len: int, num_layers: int | None = None) -> KVCache:
         cfg = self.config
@@ -333,24 +372,24 @@ class Transformer(nn.Module):
         slots = cache.lengths[:, None] + torch.arange(n, device=tokens.device)  # [B, N]
         meta = AttentionMeta(lengths=cache.lengths, tree_mask=tree_mask, kv_len=kv_len)
         cos, sin = self.rope(positions)
-        x = self.embed(tokens)  # [B, N, d]
+        x, delta = self.embed(tokens), None  # [B, N, d]: the residual stream is x + delta
         hidden: dict[int, Tensor] = {}
         tap_set = set(taps)
+        ops = self.ops
         for i, layer in enumerate(layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], slots, meta, self._attend)
+            x, delta = layer.step(x, delta, cos, sin, cache.k[i], cache.v[i], slots, meta, self._attend, ops)
             if i in tap_set:
-                hidden[i] = x
+                hidden[i] = x + delta
         missing = tap_set - set(hidden)
         if missing:
             raise ValueError(f"tap layers {sorted(missing)} are outside the {len(layers)} layers run")
+        assert delta is not None
         if isinstance(logits_rows, str):
             if logits_rows != "last":
                 raise ValueError("logits_rows must be None, 'last' or an index tensor")
-            x_out = x[:, -1:]
+            x, delta = x[:, -1:], delta[:, -1:]
         elif logits_rows is not None:
-            x_out = x[:, logits_rows]
-        else:
-            x_out = x
-        final = self.norm(x_out)
+            x, delta = x[:, logits_rows], delta[:, logits_rows]
+        final, _ = ops.norm(x, self.norm.weight, self.norm.eps, delta)
         return ForwardOutput(logits=self.lm_head(final), hidden=hidden,
                              final_hidden=final if return_final_hidden else None)

@@ -106,8 +106,15 @@ def native_to_hf(cfg: ModelConfig, sd: Mapping[str, Tensor]) -> dict[str, Tensor
 # Builders
 # --------------------------------------------------------------------------------------------
 def build_model(cfg: ModelConfig, state_dict: Mapping[str, Tensor] | None, *, dtype: torch.dtype,
-                device: str | torch.device, attention: str = "sdpa", seed: int = 0) -> Transformer:
-    """A Transformer with the given native state dict (or seeded random weights when None)."""
+                device: str | torch.device, attention: str = "auto", seed: int = 0,
+                fused: bool | None = None) -> Transformer:
+    """A Transformer with the given native state dict (or seeded random weights when None).
+
+    attention "auto": the Triton tree-attention kernel on CUDA, SDPA elsewhere. fused (None = on CUDA):
+    the fused Triton element-wise kernels between the matrix products (`LayerOps`)."""
+    on_cuda = torch.device(device).type == "cuda"
+    if attention == "auto":
+        attention = "triton" if on_cuda else "sdpa"
     with torch.device("meta"):
         model = Transformer(cfg, attention=attention)
     if state_dict is None:
@@ -124,6 +131,7 @@ def build_model(cfg: ModelConfig, state_dict: Mapping[str, Tensor] | None, *, dt
     model = model.to(dtype=dtype).eval().requires_grad_(False)
     # RoPE frequencies stay fp32: a bf16 copy is off by radians at position ~2000.
     model.inv_freq = _inv_freq(cfg).to(model.embed.weight.device)
+    model.set_fused(on_cuda if fused is None else fused)
     return model
 
 

@@ -131,7 +131,7 @@ def default_target_name() -> str:
     return os.environ.get("SPECBENCH_TARGET", "smollm2-135m")
 
 
-def load_target(spec: str | None = None, *, device: str = "cpu", dtype: str = "float32", attention: str = "sdpa") -> TargetModel:
+def load_target(spec: str | None = None, *, device: str = "cpu", dtype: str = "float32", attention: str = "auto") -> TargetModel:
     """Resolve a target name (see the module docstring) and load it."""
     spec = spec or default_target_name()
     if dtype not in DTYPES:
