@@ -10,6 +10,8 @@
 #   scripts/gpu_session.sh tau                    tau table by exact replay (resumes from .gpu-results/tau.jsonl)
 #   scripts/gpu_session.sh attn                   the same head_table subset with attention=sdpa, then =triton
 #   scripts/gpu_session.sh sweep                  decode tok/s of the head table (experiments/head_table.py)
+#   scripts/gpu_session.sh round1                 GPU tests of the graphed round + decode step vs bandwidth bound
+#   scripts/gpu_session.sh round2                 per-stage round table of every drafter + AR vs transformers
 # Heads come from specbench/heads/ (the shipped int8 heads) unless `train` ran in this session.
 # Model parts come from ../shared/gpu/stage-model.sh; the heads trained by `train` stay in /root/heads
 # for the later steps. Each eval step writes under /root/results/<step>/ and returns one tarball in $OUT
@@ -124,6 +126,30 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
     python3 -m specbench.cli table "$R/run/results.jsonl" --rows drafter,tree,budget --cols dataset \
       --value tau,decode_tok_s,speedup_decode | tee "$R/table.md"
     tar -czf "$OUT/sweep.tgz" -C /root/results sweep
+    since done ;;
+  round1)  # issue 13: the graphed round's GPU tests, then the decode step against its bandwidth bound
+    R=/root/results/round1; mkdir -p $R
+    since "GPU tests: graphed round == eager == AR (fp32), kernels at full size"
+    timeout "${TEST_SECONDS:-330}" python3 -m pytest -m gpu tests/gpu tests/kernels -q -p no:cacheprovider -x \
+      > $R/gpu_tests.txt 2>&1; tail -30 $R/gpu_tests.txt
+    since "decode step and verify(65) vs the bandwidth bound (random weights, bf16)"
+    timeout "${STEP_SECONDS:-200}" python3 scripts/bench_step.py --profile --out $R/bench_step.json > $R/bench_step.txt 2>&1
+    grep -v "^-" $R/bench_step.txt | tail -70
+    tar -czf "$OUT/round1.tgz" -C /root/results round1
+    since done ;;
+  round2)  # issue 13: the per-stage round table of every drafter, then AR against transformers generate
+    R=/root/results/round2; mkdir -p $R
+    since "round table: experiments/round_table.py (bf16, graphed rounds)"
+    timeout "${TABLE_SECONDS:-360}" python3 -m specbench.cli run --device cuda --dtype bfloat16 --data-dir /root/data \
+      --out $R/run --no-progress experiments/round_table.py ${TABLE_ARGS:-} 2>&1 | tail -4
+    python3 -m specbench.cli table $R/run/results.jsonl --rows drafter,tree,budget --cols dataset \
+      --value tau,decode_tok_s,speedup_decode | tee $R/table.md
+    python3 -m specbench.cli table $R/run/results.jsonl --rows drafter,tree,budget --cols '' --spread none \
+      --value draft_ms,tree_ms,verify_forward_ms,verify_ms,commit_ms,round_ms,overhead_frac | tee $R/stages.md
+    since "AR: native vs transformers generate (bf16, every prompt warmed up)"
+    timeout "${SPINE_SECONDS:-150}" python3 scripts/bench_spine.py --device cuda --dtype bfloat16 --data-dir /root/data \
+      --gsm8k 3 --budgets 8 --json-out $R/bench_spine.json 2>&1 | grep -v Warning | tail -20
+    tar -czf "$OUT/round2.tgz" -C /root/results round2
     since done ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

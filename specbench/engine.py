@@ -1,31 +1,43 @@
 """`SpecDecoder`: the decode loop. Plain AR decoding is the same loop with no drafter.
 
-One round (DESIGN.md):
-    tree = drafter.draft(state, policy, budget)                 # node 0 = anchor
-    out  = target.forward(tree.tokens, cache_len + tree.depth, cache, tree.ancestor_mask, taps)
-    res  = verifier.verify(tree, out.logits, sampling, rng)      # lossless rule
-    cache.commit(res.path); drafter.observe(tree, res, out)
-    tokens += res.tokens                                          # accepted drafts + bonus
+One round (docs/DESIGN.md), as stages, each a function of the previous one's output:
+    draft / tree:    tree = the drafter's phases (node 0 = the anchor)           AR: the root alone
+    verify_forward:  out = target.forward(tree.tokens, cache_len + tree.depth, cache, tree.ancestor_mask, taps)
+    verify:          acc = verifier.accept(tree, out.logits)   the decision as device tensors
+    commit:          cache.commit_packed(acc.path, acc.count); drafter.observe(tree, acc, out); anchor = bonus
+then one host read of (acc, the tree's tokens, a finiteness flag). With a verifier that draws through
+the host's `Randomness` (T > 0) the verify and commit stages run on the host instead.
+
+On CUDA the stages after drafting replay CUDA graphs captured once, after an eager first round (so
+graphed and eager rounds run the same code); a device drafter's phases are graphed too and the next
+round is launched before this one is read (lookahead), so the host's bookkeeping overlaps the device's
+work; a host drafter drafts on the host and its tree is copied into static buffers. Stage times come
+from CUDA events (no device sync per stage). Decode time ends when the last needed round has been read
+(a lookahead round launched past the stop is not waited for), for AR and speculative decoding alike.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
+from torch import Tensor
 
 from specbench.config import ConfigError, SamplingConfig, SpecConfig
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState
+from specbench.models.decoder import ForwardOutput
+from specbench.models.graphs import GraphedForward, Stage, StageGraphs
 from specbench.models.target import TargetModel
-from specbench.stats import RequestStats, RoundStats, StageTimer
+from specbench.stats import RequestStats, RoundClock, RoundStats
 from specbench.trees import TREE_POLICIES
 from specbench.trees.base import DepthScores, DraftTree, TreePolicy
 from specbench.verify import VERIFIERS
-from specbench.verify.base import Randomness, TorchRandomness, Verifier, VerifyResult
+from specbench.verify.base import Acceptance, Randomness, TorchRandomness, Verifier, VerifyResult, read_acceptance
 
 
 class NonFiniteLogitsError(FloatingPointError):
@@ -41,20 +53,28 @@ class GenerationResult:
 
 
 class TimedPolicy(TreePolicy):
-    """Wraps a policy so the engine can charge `build`/`select` to the "tree" stage. Other attributes
-    (e.g. an expansion API used by autoregressive drafters) are forwarded to the wrapped policy."""
+    """Wraps a policy so a host drafter's calls of `build`/`select` are charged to the "tree" stage of
+    the round clock. Other attributes (e.g. `grow`) are forwarded to the wrapped policy."""
 
-    def __init__(self, inner: TreePolicy, timer: StageTimer) -> None:
-        self.inner, self.timer = inner, timer
+    def __init__(self, inner: TreePolicy, clock: RoundClock) -> None:
+        self.inner, self.clock = inner, clock
         self.name = inner.name
 
+    def _timed(self, fn: Callable[..., DraftTree], *args: Any) -> DraftTree:
+        self.clock.switch("tree")
+        try:
+            return fn(*args)
+        finally:
+            self.clock.switch("draft")
+
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
-        with self.timer.stage("tree"):
-            return self.inner.build(scores, budget)
+        return self._timed(self.inner.build, scores, budget)
 
     def select(self, candidates: DraftTree, budget: int) -> DraftTree:
-        with self.timer.stage("tree"):
-            return self.inner.select(candidates, budget)
+        return self._timed(self.inner.select, candidates, budget)
+
+    def capturable(self, device: torch.device) -> bool:
+        return self.inner.capturable(device)
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self.inner, item)
@@ -64,11 +84,27 @@ def _derived_seed(seed: int, stream: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{stream}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
+@dataclass
+class _Launched:
+    """A round queued on the device and not read yet (or, with a host verifier, already decided)."""
+
+    tree: DraftTree  # the verified tree (static buffers on the graphed path)
+    size: int  # its draft nodes (a padded host tree: the real ones)
+    readout: Tensor | None = None  # [2 + 2N + 1] int64: Acceptance.packed, the tree's tokens, the non-finite flag
+    ready: Any = None  # CUDA event: the pinned copy of the readout has landed
+    out: ForwardOutput | None = None  # the verify forward's output (static buffers on the graphed path)
+    result: VerifyResult | None = None  # a host verifier's result
+
+
 class SpecDecoder:
     """Speculative (or, with no drafter, plain autoregressive) decoding of one request at a time.
 
     The KV cache is allocated once for `max_seq_len` tokens (default: min(2048, the target's
-    context)) and reused across requests.
+    context)) plus room for one round past them, and reused across requests. cuda_graphs (default: on
+    CUDA) replays the round's stages from CUDA graphs; lookahead (default: with graphs) launches a
+    round before the previous one is read, when the drafter is device work (or there is none).
+    capture_check: a context manager factory the stages that would be captured run inside, from the
+    second round on, when they run eagerly (tests use one that fails on any host read).
     """
 
     def __init__(
@@ -80,9 +116,10 @@ class SpecDecoder:
         drafter: Drafter | None = None,
         policy: TreePolicy | None = None,
         verifier: Verifier | None = None,
-        sync_stages: bool | None = None,
         check_finite: bool = True,
         cuda_graphs: bool | None = None,
+        lookahead: bool | None = None,
+        capture_check: Callable[[], ContextManager[Any]] | None = None,
     ) -> None:
         self.target = target
         self.spec = spec or SpecConfig()
@@ -103,18 +140,24 @@ class SpecDecoder:
         if drafter is not None and drafter.policies is not None and self.policy.name not in drafter.policies:
             raise ConfigError(
                 f"drafter {self.spec.drafter!r} works with tree policies {list(drafter.policies)}, not {self.policy.name!r}")
-        self.cache = target.new_cache(max_seq_len)
         is_cuda = target.device.type == "cuda"
-        self.timer = StageTimer(torch.cuda.synchronize if (is_cuda if sync_stages is None else sync_stages) else None)
+        self.cuda_graphs = is_cuda and (cuda_graphs is None or bool(cuda_graphs))
+        self.device_drafting = drafter is None or drafter.capturable(self.policy)
+        self.lookahead = self.cuda_graphs and self.device_drafting and (lookahead is None or bool(lookahead))
         self.check_finite = check_finite
-        self._timed_policy = TimedPolicy(self.policy, self.timer)
-        # Verify forwards replay CUDA graphs on the GPU (trees padded to 1 + budget nodes).
-        self._graphed = None
-        if is_cuda if cuda_graphs is None else cuda_graphs:
-            from specbench.models.graphs import GraphedForward
-
-            taps = drafter.taps if drafter is not None else ()
-            self._graphed = GraphedForward(target.model, self.cache, buckets=[1 + self.budget], taps=taps)
+        self.cache_slots = max_seq_len + 2 * (self.budget + 1)  # room for a lookahead round past the end
+        self.cache = target.new_cache(self.cache_slots)
+        self.anchor = torch.zeros(1, dtype=torch.long, device=target.device)  # the next tree's root
+        self.clock = RoundClock(is_cuda)
+        self._timed_policy = TimedPolicy(self.policy, self.clock)
+        if drafter is not None:
+            drafter.cuda_graphs = self.cuda_graphs
+        self._graphs: StageGraphs | None = None  # the round's stages after drafting (or all of them), captured
+        self._warmed = False  # an eager round ran: the stages may be captured
+        self._static_tree: DraftTree | None = None  # a host drafter's tree, padded into static buffers
+        self._graphed_forward: GraphedForward | None = None  # the verify forward of host-verified rounds
+        self._pinned: list[Tensor] = []
+        self.capture_check = capture_check  # eager rounds run their capturable stages inside it (CPU tests)
 
     @property
     def budget(self) -> int:
@@ -154,7 +197,7 @@ class SpecDecoder:
         vocab = self.target.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ConfigError(f"prompt token ids must lie in [0, {vocab})")
-        target, cache, timer = self.target, self.cache, self.timer
+        target, cache = self.target, self.cache
         device = target.device
         rng = rng or TorchRandomness(_derived_seed(sampling.seed, "verify"))
         draft_rng = draft_rng or TorchRandomness(_derived_seed(sampling.seed, "draft"))
@@ -162,7 +205,7 @@ class SpecDecoder:
         eos = set(target.eos_token_ids)
         stats = RequestStats(prompt_tokens=len(prompt))
         cache.reset()
-        timer.pop()
+        self.clock.begin_request()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -171,15 +214,17 @@ class SpecDecoder:
         ids = torch.tensor([prompt], dtype=torch.long, device=device)
         pos = torch.arange(len(prompt), device=device)[None]
         out = target.forward(ids, pos, cache, None, taps, logits_rows="last", kv_len=len(prompt))
-        self._check_finite(out.logits, "prefill")
+        self._raise_if_nonfinite(self.check_finite and not bool(torch.isfinite(out.logits).all()), "prefill")
         cache.advance(len(prompt))
         first = self.verifier.verify(DraftTree.root_only(prompt[-1], device), out.logits[0], sampling, rng)
+        self.anchor.fill_(first.tokens[-1])
         tokens = prompt + first.tokens
         generated = list(first.tokens)
         state = DraftState(tokens=tokens, prompt_len=len(prompt), sampling=sampling, draft_rng=draft_rng,
-                           want_draft_probs=self.verifier.needs_draft_probs and not sampling.greedy)
+                           want_draft_probs=self.verifier.needs_draft_probs and not sampling.greedy,
+                           anchor_device=self.anchor)
         if self.drafter is not None and generated[-1] not in eos and max_new_tokens > 1:
-            self.drafter.begin(state, out, self.max_seq_len)
+            self.drafter.begin(state, out, self.cache_slots)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         stats.prefill_time = time.perf_counter() - t0
@@ -187,33 +232,16 @@ class SpecDecoder:
 
         # ---- rounds ----------------------------------------------------------------------------
         t1 = time.perf_counter()
+        lookahead = self.lookahead and on_round is None and self.verifier.accepts_on_device(sampling)
+        launched = self._launch(state, sampling, rng) if not stop else None
         round_no = 0
-        while not stop:
+        while launched is not None:
             round_no += 1
-            with timer.stage("draft"):
-                if self.drafter is None:
-                    tree = DraftTree.root_only(state.anchor, device)
-                else:
-                    tree = self.drafter.draft(state, self._timed_policy, self.spec.budget)
-                    if tree.budget > self.spec.budget:
-                        raise RuntimeError(f"drafter returned {tree.budget} draft nodes for budget {self.spec.budget}")
-            n = tree.num_nodes
-            with timer.stage("verify_forward"):
-                positions = (state.cache_len + tree.depth)[None]
-                if self._graphed is not None:
-                    out = self._graphed(tree.tokens[None], positions, tree.ancestor_mask[None])
-                else:
-                    out = target.forward(tree.tokens[None], positions, cache, tree.ancestor_mask[None], taps,
-                                         kv_len=state.cache_len + n)
-                self._check_finite(out.logits, f"round {round_no}")
-            with timer.stage("verify"):
-                res = self.verifier.verify(tree, out.logits[0], sampling, rng)
+            following = self._launch(state, sampling, rng) if lookahead else None
+            res = self._read(launched, round_no)
+            self._observe_on_host(launched, res)
             if on_round is not None:
-                on_round(round_no, tree, res)
-            with timer.stage("commit"):
-                cache.commit(res.path)
-                if self.drafter is not None:
-                    self.drafter.observe(tree, res, out)
+                on_round(round_no, _host_copy(launched.tree), res)
             emitted = []
             for t in res.tokens:
                 emitted.append(t)
@@ -225,21 +253,195 @@ class SpecDecoder:
                     break
             tokens.extend(res.tokens)  # the whole verified block is committed (cache holds it)
             generated.extend(emitted)
-            stats.rounds.append(RoundStats(accepted=len(res.path) - 1, tree_size=n - 1, emitted=len(emitted),
-                                           times=timer.pop()))
+            stats.rounds.append(RoundStats(accepted=len(res.path) - 1, tree_size=launched.size, emitted=len(emitted)))
+            launched = None if stop else (following or self._launch(state, sampling, rng))
+        stats.decode_time = time.perf_counter() - t1
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             stats.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
-        stats.decode_time = time.perf_counter() - t1
+        for i, r in enumerate(stats.rounds):
+            r.times = self.clock.times(i)
         stats.new_tokens = len(generated)
         stats.stop_reason = stop
         return GenerationResult(prompt_ids=prompt, tokens=generated, stats=stats)
 
-    def _check_finite(self, logits: torch.Tensor, where: str) -> None:
-        if self.check_finite and not bool(torch.isfinite(logits).all()):
+    # ---- the round's stages --------------------------------------------------------------------
+    def _drafting(self, state: DraftState, static: bool) -> list[Stage]:
+        """The drafting stages; a host drafter's tree goes into static buffers when `static`."""
+        if self.drafter is None:
+            return [("draft", lambda _: DraftTree.root_only(self.anchor, self.target.device))]
+        if self.device_drafting:
+            return self.drafter.phases(state, self.policy, self.spec.budget)
+        return [("draft", lambda _: self._host_draft(state, static))]
+
+    def _host_draft(self, state: DraftState, static: bool) -> DraftTree:
+        tree = self.drafter.draft(state, self._timed_policy, self.spec.budget)  # type: ignore[union-attr]
+        if tree.budget > self.spec.budget:
+            raise RuntimeError(f"drafter returned {tree.budget} draft nodes for budget {self.spec.budget}")
+        if static:
+            return self._into_static(tree)
+        return tree if tree.device == self.target.device else _on_device(tree, self.target.device)
+
+    def _into_static(self, tree: DraftTree) -> DraftTree:
+        """A host drafter's tree copied into static buffers of 1 + budget nodes (what the graphed stages
+        read); padding nodes are parentless, see only themselves and are never accepted."""
+        n, size = tree.num_nodes, 1 + self.spec.budget
+        if self._static_tree is None:
+            z = torch.zeros(size, dtype=torch.long, device=self.target.device)
+            self._static_tree = DraftTree(tokens=z.clone(), parents=z.clone(), depth=z.clone(), depth_bound=size - 1)
+            self._static_tree.__dict__["ancestor_mask"] = torch.zeros(size, size, dtype=torch.bool, device=z.device)
+            self._pinned_tree = (torch.zeros(3, size, dtype=torch.long).pin_memory(),
+                                 torch.zeros(size, size, dtype=torch.bool).pin_memory())
+        static = self._static_tree
+        ints, mask = self._pinned_tree
+        ints.zero_()
+        ints[1] = -1
+        ints[:, :n] = torch.stack([tree.tokens, tree.parents, tree.depth]).cpu()
+        mask.copy_(torch.eye(size, dtype=torch.bool))
+        mask[:n, :n] = tree.ancestor_mask.cpu()
+        static.tokens.copy_(ints[0], non_blocking=True)
+        static.parents.copy_(ints[1], non_blocking=True)
+        static.depth.copy_(ints[2], non_blocking=True)
+        static.ancestor_mask.copy_(mask, non_blocking=True)
+        static.meta["host"] = tree
+        return static
+
+    def _verify_forward(self, tree: DraftTree, state: DraftState) -> tuple[DraftTree, ForwardOutput]:
+        taps = self.drafter.taps if self.drafter is not None else ()
+        kv_len = None if self.cuda_graphs else state.cache_len + tree.num_nodes  # graphs read the whole cache
+        out = self.target.forward(tree.tokens[None], (self.cache.lengths + tree.depth)[None], self.cache,
+                                  tree.ancestor_mask[None], taps, kv_len=kv_len)
+        return tree, out
+
+    def _commit(self, tree: DraftTree, out: ForwardOutput, acc: Acceptance) -> tuple[Tensor, DraftTree, ForwardOutput]:
+        """Commit on the device; returns the round's readout [2 + 2N + 1] (and the tree and the
+        forward's output, for the host)."""
+        bad = (~torch.isfinite(out.logits).all()).long().view(1) if self.check_finite else acc.count.new_zeros(1)
+        readout = torch.cat([acc.packed, tree.tokens, bad])  # before the anchor (AR's tree token) moves on
+        self.cache.commit_packed(acc.path, acc.count)
+        if self.drafter is not None and self.device_drafting:
+            self.drafter.observe(tree, acc, out)
+        self.anchor.copy_(acc.bonus)
+        return readout, tree, out
+
+    def _device_stages(self, state: DraftState, sampling: SamplingConfig) -> tuple[list[Stage], list[Stage]]:
+        """(eager prefix, capturable rest) of a round decided on the device."""
+        verifier = self.verifier
+        rest: list[Stage] = [
+            ("verify_forward", lambda tree: self._verify_forward(tree, state)),
+            ("verify", lambda x: (*x, verifier.accept(x[0], x[1].logits[0], sampling))),
+            ("commit", lambda x: self._commit(*x)),
+        ]
+        drafting = self._drafting(state, static=self.cuda_graphs)
+        return ([], drafting + rest) if self.device_drafting else (drafting, rest)
+
+    def _launch(self, state: DraftState, sampling: SamplingConfig, rng: Randomness) -> _Launched:
+        """Queue one round: graph replays (or the same stages run eagerly) and the async copy of the
+        readout; a host verifier's round is decided here."""
+        clock = self.clock
+        clock.start_round()
+        if not self.verifier.accepts_on_device(sampling):
+            return self._launch_host_verified(state, sampling, rng)
+        prefix, rest = self._device_stages(state, sampling)
+        x = None
+        for name, step in prefix:
+            clock.switch(name)
+            x = step(x)
+        if self.cuda_graphs and self._graphs is None and self._warmed:
+            self._graphs = StageGraphs(rest, x)
+        if self._graphs is not None:
+            readout, tree, out = self._graphs.replay(clock.switch)
+        else:
+            check = self.capture_check if self._warmed and self.capture_check is not None else nullcontext
+            with check():
+                for name, step in rest:
+                    clock.switch(name)
+                    x = step(x)
+            readout, tree, out = x
+            self._warmed = True
+        clock.close()
+        size = tree.meta["host"].budget if "host" in tree.meta else tree.budget
+        launched = _Launched(tree=tree, size=size, readout=readout, out=out)
+        if readout.is_cuda:
+            slot = len(self.clock.rounds) % 2
+            while len(self._pinned) <= slot:
+                self._pinned.append(torch.empty(0, dtype=readout.dtype).pin_memory())
+            if self._pinned[slot].shape != readout.shape:
+                self._pinned[slot] = torch.empty(readout.shape, dtype=readout.dtype).pin_memory()
+            host = self._pinned[slot]
+            host.copy_(readout, non_blocking=True)
+            launched.readout, launched.ready = host, torch.cuda.Event()
+            launched.ready.record()
+        return launched
+
+    def _launch_host_verified(self, state: DraftState, sampling: SamplingConfig, rng: Randomness) -> _Launched:
+        """A round whose verifier draws through the host's randomness: drafting and the verify forward
+        as usual (the forward from a CUDA graph on CUDA), then verify and commit on the host."""
+        clock = self.clock
+        x = None
+        for name, step in self._drafting(state, static=False):
+            clock.switch(name)
+            x = step(x)
+        tree = x
+        clock.switch("verify_forward")
+        if self.cuda_graphs:
+            if self._graphed_forward is None:
+                taps = self.drafter.taps if self.drafter is not None else ()
+                self._graphed_forward = GraphedForward(self.target.model, self.cache, buckets=[1 + self.budget], taps=taps)
+            out = self._graphed_forward(tree.tokens[None], (self.cache.lengths + tree.depth)[None], tree.ancestor_mask[None])
+        else:
+            tree, out = self._verify_forward(tree, state)
+        clock.switch("verify")
+        self._raise_if_nonfinite(self.check_finite and not bool(torch.isfinite(out.logits).all()), f"round {len(clock.rounds)}")
+        res = self.verifier.verify(tree, out.logits[0], sampling, rng)
+        clock.switch("commit")
+        self.cache.commit(res.path)
+        if self.drafter is not None:
+            self.drafter.observe(tree, res, out)
+        self.anchor.fill_(res.tokens[-1])
+        clock.close()
+        return _Launched(tree=tree, size=tree.budget, result=res)
+
+    def _read(self, launched: _Launched, round_no: int) -> VerifyResult:
+        """The round's one host read (waits for its readout)."""
+        if launched.result is not None:
+            return launched.result
+        assert launched.readout is not None
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        values = launched.readout.tolist()
+        self._raise_if_nonfinite(bool(values[-1]), f"round {round_no}")
+        return read_acceptance(values[:-1], launched.tree.num_nodes)
+
+    def _observe_on_host(self, launched: _Launched, res: VerifyResult) -> None:
+        """A host drafter sees the verified result after the read (a device drafter saw it in the commit
+        stage; a host-verified round was observed in the round itself)."""
+        if self.drafter is None or launched.result is not None or self.device_drafting:
+            return
+        assert launched.out is not None
+        self.drafter.observe(launched.tree.meta.get("host", launched.tree), res, launched.out)
+
+    def _raise_if_nonfinite(self, bad: bool, where: str) -> None:
+        if bad:
             raise NonFiniteLogitsError(
                 f"the target produced NaN/inf logits in the {where} forward: check the weights and dtype "
                 f"(bf16/fp16 overflow?), or load the target in float32")
+
+
+def _on_device(tree: DraftTree, device: torch.device) -> DraftTree:
+    moved = DraftTree(tokens=tree.tokens.to(device), parents=tree.parents.to(device), depth=tree.depth.to(device),
+                      draft_probs=None if tree.draft_probs is None else tree.draft_probs.to(device),
+                      scores=tree.scores, depth_bound=tree.depth_bound)
+    moved.meta["host"] = tree
+    return moved
+
+
+def _host_copy(tree: DraftTree) -> DraftTree:
+    """A tree of its own (a graphed round's tree lives in buffers the next round overwrites)."""
+    tree = tree.meta.get("host", tree)
+    return DraftTree(tokens=tree.tokens.clone(), parents=tree.parents.clone(), depth=tree.depth.clone(),
+                     draft_probs=tree.draft_probs, scores=None if tree.scores is None else tree.scores.clone(),
+                     depth_bound=tree.depth_bound)
 
 
 def ar_decoder(target: TargetModel, max_seq_len: int | None = None, verifier: str = "greedy") -> SpecDecoder:

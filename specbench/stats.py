@@ -94,6 +94,53 @@ class RequestStats:
         return d
 
 
+class RoundClock:
+    """Stage boundaries of a round, as CUDA events on a GPU (no device sync: read at the end of the
+    request) or host clock readings on the CPU. `switch(name)` starts stage `name` (ending the
+    previous one); `close()` ends the round. A stage may recur (e.g. draft, tree, draft, tree): its
+    segments add up."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self._pool: list[Any] = []
+        self._used = 0
+        self.rounds: list[list[tuple[str, Any]]] = []
+
+    def begin_request(self) -> None:
+        self._used = 0
+        self.rounds = []
+
+    def _stamp(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        if self._used == len(self._pool):
+            self._pool.append(torch.cuda.Event(enable_timing=True))
+        event = self._pool[self._used]
+        self._used += 1
+        event.record()
+        return event
+
+    def start_round(self) -> None:
+        self.rounds.append([])
+
+    def switch(self, name: str) -> None:
+        self.rounds[-1].append((name, self._stamp()))
+
+    def close(self) -> None:
+        self.rounds[-1].append(("", self._stamp()))
+
+    def times(self, index: int) -> dict[str, float]:
+        """Seconds per stage of round `index` (events must have completed: after the request)."""
+        marks = self.rounds[index]
+        out: dict[str, float] = {}
+        for (name, a), (_, b) in zip(marks, marks[1:]):
+            dt = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+            out[name] = out.get(name, 0.0) + dt
+        return out
+
+
 class StageTimer:
     """Accumulates wall time per stage; `sync` (e.g. torch.cuda.synchronize) runs before each reading
     so asynchronous device work is charged to the stage that launched it."""

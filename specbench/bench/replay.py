@@ -38,12 +38,13 @@ from specbench.config import SamplingConfig
 from specbench.drafters.base import Drafter, DraftState
 from specbench.drafters.heads.drafter import head_logp
 from specbench.drafters.heads.masks import uniform_blocks_mask
+from specbench.drafters.heads.jetspec_tree import JetSpecTreeDrafter
 from specbench.drafters.heads.parallel import ParallelHeadDrafter
 from specbench.drafters.self_draft import SelfDrafter
 from specbench.models.decoder import ForwardOutput
 from specbench.models.target import TargetModel
 from specbench.engine import generate_batch
-from specbench.trees.base import DraftTree, TreePolicy
+from specbench.trees.base import DepthScores, DraftTree, TreePolicy
 from specbench.verify.base import TorchRandomness, VerifyResult
 
 FILL_LOGP = -1.0e9  # entries below a proposal's top-K (never read by top-B / top-width policies)
@@ -204,8 +205,10 @@ def replay_head(drafter: ParallelHeadDrafter, ref: Reference, policy: TreePolicy
     seq = ref.sequence
 
     def propose(n: int) -> DraftTree:
-        return drafter.tree_from_scores(seq[n], proposals.depth_logp(n), policy, budget,
-                                        lambda tree: proposals.path_logp(n, tree))
+        scores = DepthScores(seq[n], proposals.depth_logp(n))
+        if isinstance(drafter, JetSpecTreeDrafter):
+            return drafter.tree_from_scores(scores, policy, budget, path_logp=lambda tree: proposals.path_logp(n, tree))
+        return drafter.tree_from_scores(scores, policy, budget)
 
     return simulate(ref, max_new_tokens, set(drafter.target.eos_token_ids), propose)
 

@@ -23,7 +23,8 @@ SPEEDUP_LEGEND = ("speedup_decode = AR decode time/token / SD decode time/token 
 
 
 def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """One row per result: scalar fields, stage_<name>_s columns, and the speed-up columns."""
+    """One row per result: scalar fields, stage_<name>_s columns (and <name>_ms per round, round_ms,
+    overhead_frac = the non-forward share of a round), and the speed-up columns."""
     if not rows:
         raise ResultsError("the results hold no rows yet: run the study first (`specbench run STUDY.py`)")
     records = []
@@ -34,6 +35,15 @@ def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         rec["accepted_hist"] = {int(k): int(v) for k, v in (r.get("accepted_hist") or {}).items()}
         records.append(rec)
     df = pd.DataFrame.from_records(records)
+    rounds = df["rounds"].where(df["rounds"] > 0) if "rounds" in df.columns else None
+    if rounds is not None:  # per-round stage times (ms) and the share of the round spent outside the forward
+        stages = [c[len("stage_"):-2] for c in df.columns if c.startswith("stage_") and c.endswith("_s")]
+        for stage in stages:
+            df[f"{stage}_ms"] = 1e3 * df[f"stage_{stage}_s"].fillna(0.0) / rounds
+        if stages:
+            df["round_ms"] = sum(df[f"{stage}_ms"] for stage in stages)
+            if "verify_forward_ms" in df.columns:
+                df["overhead_frac"] = (df["round_ms"] - df["verify_forward_ms"]) / df["round_ms"].where(df["round_ms"] > 0)
     ar = df[df["drafter"] == "ar"].set_index("key")
     base_decode = df["baseline_key"].map(ar["decode_tok_s"])
     base_e2e = df["baseline_key"].map(ar["e2e_tok_s"])

@@ -49,11 +49,10 @@ class NgramDrafter(Drafter):
         self.max_ngram, self.min_ngram, self.max_matches = max_ngram, min_ngram, max_matches
 
     def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
-        device = self.target.device
         conts = find_continuations(np.asarray(state.tokens, dtype=np.int64), self.max_ngram, self.min_ngram,
                                    self.max_matches, budget)
         if not conts:
-            return DraftTree.root_only(state.anchor, device)
+            return DraftTree.root_only(state.anchor)
         trie = DraftTree.from_paths(state.anchor, [c.tolist() for c in conts], device="cpu")
         # count matches through each node: walk every continuation's path in the trie
         counts = [0] * trie.num_nodes
@@ -65,6 +64,4 @@ class NgramDrafter(Drafter):
                 node = child[(node, tok)]
                 counts[node] += 1
         trie.scores = torch.tensor([math.log(k / len(conts)) for k in counts], dtype=torch.float64)
-        chosen = policy.select(trie, budget)
-        return DraftTree(tokens=chosen.tokens.to(device), parents=chosen.parents.to(device),
-                         depth=chosen.depth.to(device), scores=chosen.scores)
+        return policy.select(trie, budget)  # on the host: the engine moves it (into static buffers on the GPU)

@@ -9,6 +9,7 @@ import torch
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState
 from specbench.models.decoder import ForwardOutput, KVCache
+from specbench.models.graphs import GraphedForward
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
 from specbench.trees.grow import frontier_subtree, grow_tree
@@ -37,48 +38,56 @@ class SelfDrafter(Drafter):
         self.cache: KVCache | None = None
         self.fed = 0  # committed tokens the draft cache holds (a prefix of state.tokens)
         self.appended = 0  # draft tokens appended after them in the last round
+        self.graphs: GraphedForward | None = None  # the shallow model's steps on CUDA (1 or 2 tokens)
 
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         if self.cache is None or self.cache.max_seq_len < max_seq_len:
             self.cache = self.target.new_cache(max_seq_len, num_layers=self.layers)
+            if self.target.device.type == "cuda" and self.cuda_graphs:
+                self.graphs = GraphedForward(self.target.model, self.cache, buckets=[1, 2], num_layers=self.layers)
         self.cache.reset()
         self.fed = 0
         self.appended = 0
 
-    def _step(self, tokens: list[int], start: int) -> torch.Tensor:
-        """Append `tokens` at positions start.. to the draft cache; logits [V] of the last one."""
+    def _step(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Append tokens [k] (device) at positions start.. to the draft cache; logits [V] of the last one.
+        On CUDA each step replays a graph captured once per k (the cache's lengths are read on the
+        device), and the drafted tokens never leave the device."""
         assert self.cache is not None
-        dev = self.target.device
-        ids = torch.tensor([tokens], dtype=torch.long, device=dev)
-        pos = torch.arange(start, start + len(tokens), device=dev)[None]
-        out = self.target.forward(ids, pos, self.cache, None, (), logits_rows="last", num_layers=self.layers,
-                                  kv_len=start + len(tokens))
-        self.cache.advance(len(tokens))
-        return out.logits[0, -1]
+        k = tokens.shape[0]
+        pos = torch.arange(start, start + k, device=tokens.device)[None]
+        if self.graphs is not None and k <= 2:
+            causal = torch.ones(k, k, dtype=torch.bool, device=tokens.device).tril_()[None]
+            logits = self.graphs(tokens[None], pos, causal).logits
+        else:
+            logits = self.target.forward(tokens[None], pos, self.cache, None, (), logits_rows="last",
+                                         num_layers=self.layers, kv_len=start + k).logits
+        self.cache.advance(k)
+        return logits[0, -1]
 
     def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
         assert self.cache is not None, "begin() was not called"
         if policy.name != "chain":
             return self._grow(state, policy, budget)
-        pending = state.tokens[self.fed:]
+        dev = self.target.device
+        pending = torch.tensor(state.tokens[self.fed:], dtype=torch.long, device=dev)
         logits = self._step(pending, self.fed)
         self.fed = len(state.tokens)
-        drafted: list[int] = []
+        drafted: list[torch.Tensor] = []
         rows: list[torch.Tensor] = []
         for step in range(budget):
             if state.want_draft_probs:
                 q = process_logits(logits, state.sampling)
-                tok = state.draft_rng.categorical(q)
+                tok = torch.full((1,), state.draft_rng.categorical(q), dtype=torch.long, device=dev)
                 rows.append(q)
             else:
-                tok = int(logits.argmax())
+                tok = logits.argmax().view(1)
             drafted.append(tok)
             if step + 1 < budget:
-                logits = self._step([tok], self.fed + step)
+                logits = self._step(tok, self.fed + step)
         self.appended = len(drafted) - 1
         probs = torch.stack(rows) if rows else None
-        tree = DraftTree.chain(state.anchor, drafted, draft_probs=probs, device=self.target.device)
-        return tree
+        return DraftTree.chain(state.anchor, torch.cat(drafted), draft_probs=probs, device=dev)
 
     def _grow(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
         assert self.cache is not None
@@ -86,7 +95,8 @@ class SelfDrafter(Drafter):
 
         def expand(tree: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
             if tree.num_nodes == 1:  # the root: feed the committed tokens the cache lacks (kept)
-                logits = self._step(state.tokens[self.fed:], self.fed)
+                pending = torch.tensor(state.tokens[self.fed:], dtype=torch.long, device=self.target.device)
+                logits = self._step(pending, self.fed)
                 self.fed = len(state.tokens)
                 return torch.log_softmax(logits.float(), -1)[None]  # [1, V]
             sub, rows = frontier_subtree(tree, frontier)  # the frontier's root paths; K/V are scratch

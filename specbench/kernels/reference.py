@@ -58,7 +58,8 @@ def tree_accept_reference(tokens: Tensor, parents: Tensor, picks: Tensor) -> Ten
         n = len(tk)
         children: list[list[int]] = [[] for _ in range(n)]
         for i in range(1, n):
-            children[pr[i]].append(i)
+            if pr[i] >= 0:  # parentless non-root nodes are padding
+                children[pr[i]].append(i)
         node, path = 0, [0]
         while True:
             nxt = next((c for c in children[node] if tk[c] == a[node]), None)

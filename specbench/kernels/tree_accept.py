@@ -1,7 +1,8 @@
 """Tree acceptance (greedy walk) on the GPU, one program per batch row, no host sync inside.
 
 Same result as the greedy walk (verify/walk.py): from the root, descend into the first child (lowest
-id) whose token equals the node's pick; the pick at the stop is the bonus token. The pick of a node
+id) whose token equals the node's pick; the pick at the stop is the bonus token. Nodes other than the
+root with parent -1 are inert padding (a tree padded to a static size): never accepted. The pick of a node
 is the target's token there: its argmax (greedy), or its sample (sample-walk) drawn beforehand.
 
   1. match[i]  = token[i] == pick[parent[i]]              (root: always)
@@ -45,7 +46,7 @@ def _tree_accept_kernel(Tok, Par, Pick, Scratch, Out, N,
     par = tl.load(par_row + i, mask=valid, other=-1).to(tl.int32)
     has_par = valid & (par >= 0)
     parent_pick = tl.load(pick_row + par, mask=has_par, other=-1)
-    match = valid & ((par < 0) | (tok == parent_pick))
+    match = valid & ((i == 0) | (has_par & (tok == parent_pick)))  # other parentless nodes: inert padding
 
     # keep the first matched child of each parent (scratch is read volatile: it bypasses L1)
     tl.store(first + i, BLOCK)
@@ -94,7 +95,7 @@ class AcceptResult:
 
 def tree_accept(tokens: Tensor, parents: Tensor, picks: Tensor | None = None, *,
                 logits: Tensor | None = None) -> AcceptResult:
-    """Tree acceptance. tokens, parents [N] or [B, N] (parents[0] = -1, parents[i] < i);
+    """Tree acceptance. tokens, parents [N] or [B, N] (parents[0] = -1, parents[i] < i; -1 elsewhere = padding);
     picks [N] / [B, N] = the target's token at each node (argmax, or a pre-drawn sample), or pass
     `logits` [.., N, V] for greedy and the argmax is taken here (first maximum, like torch.argmax).
     N <= 1024."""

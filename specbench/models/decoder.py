@@ -32,7 +32,8 @@ class KVCache:
     """Static K/V buffers for every layer, plus the committed length of each batch row.
 
     k, v: [L, B, H_kv, S, D]. `lengths` [B] (device, int64) is what the forward reads, so a captured
-    graph can replay with new lengths; `host_lengths` mirrors it for the engine's bookkeeping.
+    graph can replay with new lengths; `host_lengths` mirrors it on the host for bookkeeping (read back
+    from the device only after a device-side commit).
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
@@ -41,21 +42,36 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.host_lengths = [0] * batch
+        self._host: list[int] | None = [0] * batch
         self.max_seq_len = max_seq_len
 
     @property
     def batch(self) -> int:
         return self.k.shape[1]
 
+    @property
+    def host_lengths(self) -> list[int]:
+        if self._host is None:  # stale after commit_packed: one read
+            self._host = [int(n) for n in self.lengths.tolist()]
+        return self._host
+
+    @host_lengths.setter
+    def host_lengths(self, values: list[int]) -> None:
+        self._host = list(values)
+
     def reset(self) -> None:
         self.lengths.zero_()
-        self.host_lengths = [0] * self.batch
+        self._host = [0] * self.batch
 
     def advance(self, count: int, row: int = 0) -> None:
         """The `count` appended tokens of `row` are all kept in place (prefill, or an accepted chain)."""
         self.lengths[row] += count
         self.host_lengths[row] += count
+
+    def advance_device(self, count: Tensor, row: int = 0) -> None:
+        """`advance` by count [1], a device tensor (no host read; host_lengths is read back on demand)."""
+        self.lengths[row] += count[0]
+        self._host = None
 
     def commit(self, path: Sequence[int] | Tensor, row: int = 0) -> None:
         """Keep the appended nodes `path` (indices into the last forward's N new tokens, increasing,
@@ -72,19 +88,28 @@ class KVCache:
             return
         if base + count > self.max_seq_len:
             raise RuntimeError(f"KV cache overflow: {base + count} > max_seq_len {self.max_seq_len}")
+        host = list(self.host_lengths)
+        self.commit_packed(p, torch.full((1,), count, dtype=torch.long, device=self.k.device), row)
+        host[row] = base + count
+        self._host = host
+
+    def commit_packed(self, path: Tensor, count: Tensor, row: int = 0) -> None:
+        """`commit` without a host read: path [P] node ids padded with -1, count [1] the valid ones, both
+        on the cache's device (what `Acceptance` holds). Slots past the new length may receive padding
+        rows' K/V: they are free. The caller keeps len + N <= S (the forward already wrote there)."""
         if self.k.is_cuda:  # one Triton launch for all layers, K and V (in place: dst <= src)
             from specbench.kernels.kv_compact import kv_compact
 
-            rows = torch.full((self.batch, count), -1, dtype=torch.long, device=self.k.device)
-            rows[row] = p
+            rows = torch.full((self.batch, path.numel()), -1, dtype=torch.long, device=path.device)
+            rows[row] = path
             kv_compact(self.k, self.v, rows, self.lengths)  # the lengths are the base slots: grow after
         else:
-            src = base + p
-            dst = torch.arange(base, base + count, device=self.k.device)
+            base = self.lengths[row]
+            src = base + path.clamp(min=0)
+            dst = base + torch.arange(path.numel(), device=path.device)
             for buf in (self.k, self.v):  # all layers at once; index_select copies before the write
                 buf[:, row].index_copy_(2, dst, buf[:, row].index_select(2, src))
-        self.lengths[row] += count
-        self.host_lengths[row] = base + count
+        self.advance_device(count, row)
 
     def truncate(self, length: int, row: int = 0) -> None:
         """Forget everything after `length` tokens of `row`."""

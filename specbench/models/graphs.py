@@ -1,4 +1,4 @@
-"""CUDA-graph replay of the target forward at fixed token counts (the GPU decode path).
+"""CUDA-graph replay: the target forward at fixed token counts, and a round's stages in sequence.
 
 A model as small as SmolLM2 is bound by kernel launches, not bytes (30 layers x ~10 kernels per step):
 capturing the forward once per static shape and replaying it removes that. Shapes are made static by
@@ -11,7 +11,7 @@ lengths taken from the device tensor, so one graph serves every context length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -99,3 +99,41 @@ class GraphedForward:
         g.tree_mask.copy_(m)
         g.graph.replay()
         return ForwardOutput(logits=g.out.logits[:, :n], hidden={k: v[:, :n] for k, v in g.out.hidden.items()})
+
+
+Stage = tuple[str, Callable[[Any], Any]]
+"""(stage name, step): each step maps the previous step's output to the next (the first gets the
+chain's input)."""
+
+
+class StageGraphs:
+    """A chain of steps captured as one CUDA graph each, sharing a memory pool, and replayed in order.
+
+    Capture records the steps without running them, so it has no effect on device state; each step's
+    outputs are static tensors that the next step's graph reads, and the chain's input must itself be
+    static (the same tensors every replay). Host-side effects of a step (Python counters, cached
+    properties) happen once, at capture: the steps must be pure device work after their first eager
+    run, which is what warms them up (Triton JIT, allocator, library handles) before `capture`.
+    """
+
+    def __init__(self, stages: Sequence[Stage], first_input: Any) -> None:
+        self.names = [name for name, _ in stages]
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.outputs: list[Any] = []
+        pool = torch.cuda.graph_pool_handle()
+        x = first_input
+        with torch.inference_mode():
+            for _, step in stages:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    x = step(x)
+                self.graphs.append(graph)
+                self.outputs.append(x)
+
+    def replay(self, mark: Callable[[str], None]) -> Any:
+        """Replay every step; `mark(name)` is called before each (stage boundaries for timing).
+        Returns the last step's (static) output."""
+        for name, graph in zip(self.names, self.graphs):
+            mark(name)
+            graph.replay()
+        return self.outputs[-1]

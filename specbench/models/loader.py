@@ -142,15 +142,19 @@ def _inv_freq(cfg: ModelConfig) -> Tensor:
 
 
 def init_random_(model: Transformer, seed: int) -> None:
-    """Deterministic random weights (normal std 0.02; norms near 1) that give non-degenerate logits."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    """Deterministic random weights (normal std 0.02; norms near 1) that give non-degenerate logits,
+    drawn on the weights' device (so an 8B-parameter shape initialises in seconds on a GPU; the same
+    seed gives other values there than on the CPU)."""
+    device = model.embed.weight.device
+    g = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
+        noise = torch.randn(p.shape, generator=g, device=device)
         if p.ndim == 1 and "norm" in name:
-            vals = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
-        elif name.endswith("bias"):
-            vals = 0.02 * torch.randn(p.shape, generator=g)
+            vals = 1.0 + 0.1 * noise
+        elif name.endswith("bias") or "embed" not in name:
+            vals = 0.02 * noise
         else:
-            vals = 0.02 * torch.randn(p.shape, generator=g) if "embed" not in name else torch.randn(p.shape, generator=g)
+            vals = noise
         with torch.no_grad():
             p.copy_(vals.to(p.dtype))
 

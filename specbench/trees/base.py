@@ -22,6 +22,16 @@ class TreeError(ValueError):
     """A tree that breaks the DraftTree invariants."""
 
 
+Anchor = int | Tensor  # a host token id, or a [1] / 0-d device tensor (the GPU round: no host read)
+
+
+def anchor_tensor(anchor: Anchor, device: torch.device | str) -> Tensor:
+    """The anchor as a [1] int64 tensor on `device` (a device tensor is used as is: no copy, no sync)."""
+    if isinstance(anchor, Tensor):
+        return anchor.reshape(1).to(device=device, dtype=torch.long)
+    return torch.full((1,), int(anchor), dtype=torch.long, device=device)
+
+
 @dataclass(eq=False)
 class DraftTree:
     """A draft tree of N nodes in flat arrays (node 0 = root/anchor).
@@ -43,17 +53,18 @@ class DraftTree:
     draft_probs: Tensor | None = None
     scores: Tensor | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    depth_bound: int | None = None  # a static bound on max depth (lets ancestor_mask skip a host read)
 
     # ---- constructors -------------------------------------------------------------------------
     @classmethod
-    def root_only(cls, anchor: int, device: torch.device | str = "cpu") -> "DraftTree":
+    def root_only(cls, anchor: Anchor, device: torch.device | str = "cpu") -> "DraftTree":
         z = torch.zeros(1, dtype=torch.long, device=device)
-        return cls(tokens=torch.tensor([anchor], dtype=torch.long, device=device), parents=z - 1, depth=z)
+        return cls(tokens=anchor_tensor(anchor, device), parents=z - 1, depth=z, depth_bound=0)
 
     @classmethod
     def chain(
         cls,
-        anchor: int,
+        anchor: Anchor,
         tokens: Sequence[int] | Tensor,
         draft_probs: Tensor | None = None,
         device: torch.device | str | None = None,
@@ -64,13 +75,13 @@ class DraftTree:
         dev = device if device is not None else (t.device if isinstance(tokens, Tensor) else "cpu")
         t = t.to(dev)
         n = t.numel() + 1
-        all_tokens = torch.cat([torch.tensor([anchor], dtype=torch.long, device=dev), t])
+        all_tokens = torch.cat([anchor_tensor(anchor, dev), t])
         parents = torch.arange(-1, n - 1, dtype=torch.long, device=dev)
         depth = torch.arange(n, dtype=torch.long, device=dev)
         probs = None
         if draft_probs is not None:
             probs = torch.cat([torch.zeros_like(draft_probs[:1]), draft_probs], dim=0)
-        return cls(tokens=all_tokens, parents=parents, depth=depth, draft_probs=probs)
+        return cls(tokens=all_tokens, parents=parents, depth=depth, draft_probs=probs, depth_bound=n - 1)
 
     @classmethod
     def from_paths(
@@ -147,14 +158,21 @@ class DraftTree:
 
     @cached_property
     def ancestor_mask(self) -> Tensor:
-        """[N, N] bool: mask[i, j] = j is i or an ancestor of i (what node i may attend to)."""
+        """[N, N] bool: mask[i, j] = j is i or an ancestor of i (what node i may attend to). Parentless
+        nodes other than the root (padding) see only themselves. No host read when `depth_bound` is set
+        or the tree is off the CPU (then N - 1 bounds the depth)."""
         n = self.num_nodes
         mask = torch.eye(n, dtype=torch.bool, device=self.device)
         if n == 1:
             return mask
+        if self.depth_bound is not None:
+            depth = self.depth_bound
+        else:
+            depth = self.max_depth if self.device.type == "cpu" else n - 1
         # Pointer doubling: after k steps every node has OR-ed in its 2^k nearest ancestors.
-        jump = self.parents.clamp(min=0)  # root points at itself
-        for _ in range(max(1, self.max_depth).bit_length()):
+        ids = torch.arange(n, device=self.device)
+        jump = torch.where(self.parents >= 0, self.parents, ids)  # the root (and padding) point at themselves
+        for _ in range(max(1, depth).bit_length()):
             mask = mask | mask[jump]
             jump = jump[jump]
         return mask
@@ -209,15 +227,18 @@ class DraftTree:
                 g.add_edge(parents[i], i)
         return g
 
-    def subtree(self, keep: Sequence[int] | Tensor) -> "DraftTree":
+    def subtree(self, keep: Sequence[int] | Tensor, checked: bool = True) -> "DraftTree":
         """The tree restricted to the node ids `keep` (must contain the root and be closed under
-        parents), re-indexed in increasing original order."""
-        keep_t = torch.as_tensor(keep, dtype=torch.long, device=self.device).unique(sorted=True)
+        parents), re-indexed in increasing original order. checked=False: `keep` is already sorted,
+        unique and closed (as `select_top_scores` builds it), and nothing reads the device."""
+        keep_t = torch.as_tensor(keep, dtype=torch.long, device=self.device)
+        if checked:
+            keep_t = keep_t.unique(sorted=True)
         new_index = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
         new_index[keep_t] = torch.arange(keep_t.numel(), device=self.device)
         old_parents = self.parents[keep_t]
         parents = torch.where(old_parents >= 0, new_index[old_parents.clamp(min=0)], old_parents)
-        if bool((parents[1:] < 0).any()) or int(keep_t[0]) != 0:
+        if checked and (bool((parents[1:] < 0).any()) or int(keep_t[0]) != 0):
             raise TreeError("subtree(): the kept nodes must include the root and every kept node's parent")
         return DraftTree(
             tokens=self.tokens[keep_t],
@@ -226,6 +247,7 @@ class DraftTree:
             draft_probs=None if self.draft_probs is None else self.draft_probs[keep_t],
             scores=None if self.scores is None else self.scores[keep_t],
             meta=dict(self.meta),
+            depth_bound=self.depth_bound,
         )
 
 
@@ -235,9 +257,10 @@ class DepthScores:
 
     logp [D, V]: log-probabilities (full-vocabulary normalised) of the token at depth d+1, for
     d = 0..D-1 (a factorised surrogate of the draft's joint law; tree policies read only this).
+    anchor: a host id, or a device tensor (the GPU round; builders then never read it back).
     """
 
-    anchor: int
+    anchor: Anchor
     logp: Tensor
 
     @property
@@ -275,6 +298,12 @@ class TreePolicy(ABC):
     @abstractmethod
     def build(self, scores: DepthScores, budget: int) -> DraftTree: ...
 
+    def capturable(self, device: torch.device) -> bool:
+        """True when `build` (and `grow`, `select` where defined) run on `device` in tensor ops of static
+        shape that never read the device back, so the GPU round can capture them in a CUDA graph. A
+        policy that needs the host (a heap, host tables) keeps the default, False."""
+        return False
+
     def select(self, candidates: DraftTree, budget: int) -> DraftTree:
         """Default: the `budget` highest-scoring nodes (scores must not increase from parent to child,
         as cumulative log-probs do, so the kept set is closed under parents). Ties: lower node id."""
@@ -299,4 +328,4 @@ def select_top_scores(candidates: DraftTree, budget: int) -> DraftTree:
     # Stable descending sort: equal scores keep node order, so a parent precedes an equal child.
     order = torch.sort(-scores, stable=True).indices[:budget] + 1
     keep = torch.cat([torch.zeros(1, dtype=torch.long, device=candidates.device), order.to(candidates.device)])
-    return candidates.subtree(keep)
+    return candidates.subtree(keep.sort().values, checked=False)  # closed under parents by the score order

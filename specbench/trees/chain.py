@@ -15,6 +15,11 @@ class ChainPolicy(TreePolicy):
 
     name = "chain"
 
+    def capturable(self, device: torch.device) -> bool:
+        """`build` and `grow` are tensor ops; `select` (a best path through a scored candidate tree) reads
+        the host."""
+        return True
+
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
         depth = min(check_budget(budget), scores.check().depth)
         top = scores.logp[:depth].float().max(dim=-1)  # torch returns the first maximal index: the lowest id

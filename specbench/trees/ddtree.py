@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import heapq
 
+import torch
+
 from specbench.trees import TREE_POLICIES
 from specbench.trees.base import DepthScores, DraftTree, TreePolicy, check_budget
 from specbench.trees.ranking import f32_add, host_table
@@ -20,11 +22,20 @@ from specbench.trees.ranking import f32_add, host_table
 
 @TREE_POLICIES.register("ddtree")
 class DDTreePolicy(TreePolicy):
-    """Optimal top-B tree over per-depth scores (heap on the host; see `ddtree-vec` for the device)."""
+    """Optimal top-B tree over per-depth scores: the heap on the host for scores on the CPU; for scores
+    on an accelerator the same tree from `ddtree-vec`'s tensor ops (no host read, capturable; the two
+    builders return identical trees: tests/trees/test_trees_optimality.py)."""
 
     name = "ddtree"
 
+    def capturable(self, device: torch.device) -> bool:
+        return device.type != "cpu"
+
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
+        if scores.logp.device.type != "cpu":
+            from specbench.trees.ddtree_vec import DDTreeVecPolicy
+
+            return DDTreeVecPolicy().build(scores, budget)
         budget = check_budget(budget)
         depth = min(scores.check().depth, budget)
         device = scores.logp.device

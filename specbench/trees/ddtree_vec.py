@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from specbench.trees import TREE_POLICIES
-from specbench.trees.base import DepthScores, DraftTree, TreePolicy, check_budget
+from specbench.trees.base import Anchor, DepthScores, DraftTree, TreePolicy, anchor_tensor, check_budget
 from specbench.trees.ranking import top_indices
 
 
@@ -35,7 +35,7 @@ def candidate_pairs(parents: int, width: int, budget: int, device: torch.device)
     return place, rank
 
 
-def build_top_b(anchor: int, tokens: Tensor, logp: Tensor, budget: int) -> DraftTree:
+def build_top_b(anchor: Anchor, tokens: Tensor, logp: Tensor, budget: int) -> DraftTree:
     """The top-`budget` tree over a ranked per-depth table: tokens, logp [D, K] (ranks ascending)."""
     device = logp.device
     depth, width = logp.shape
@@ -68,12 +68,13 @@ def build_top_b(anchor: int, tokens: Tensor, logp: Tensor, budget: int) -> Draft
     parents = torch.where(chosen_parent >= 0, node_of[chosen_parent.clamp(min=0)], 0)
     chosen_level = level[chosen]
     chosen_tokens = tokens[chosen_level - 1, torch.cat(level_rank)[chosen]]
-    root = torch.full((1,), anchor, dtype=torch.long, device=device)  # a fill, not a host copy
+    root = anchor_tensor(anchor, device)  # a fill or the device anchor itself: no host copy
     return DraftTree(
         tokens=torch.cat([root, chosen_tokens]),
         parents=torch.cat([root.new_full((1,), -1), parents]),
         depth=torch.cat([root.new_zeros(1), chosen_level]),
         scores=torch.cat([all_scores.new_zeros(1), all_scores[chosen]]),
+        depth_bound=depth,
     )
 
 
@@ -82,6 +83,9 @@ class DDTreeVecPolicy(TreePolicy):
     """`ddtree`'s exact tree from tensor ops on the scores' device (GPU-friendly, sync-free)."""
 
     name = "ddtree-vec"
+
+    def capturable(self, device: torch.device) -> bool:
+        return True
 
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
         budget = check_budget(budget)

@@ -31,6 +31,9 @@ class Eagle2Policy(TreePolicy):
                 raise TreeError(f"eagle2 {label} must be an integer >= 1, got {value!r}")
         self.top_k, self.max_depth = int(top_k), int(max_depth)
 
+    def capturable(self, device: torch.device) -> bool:
+        return True
+
     def grow(self, anchor: int, expand: ExpandFn, budget: int, max_depth: int,
              device: torch.device | str = "cpu") -> DraftTree:
         return beam_grow(anchor, ranked_expand(expand), check_budget(budget), self.top_k,

@@ -30,7 +30,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from specbench.trees.base import DepthScores, DraftTree, TreeError, TreePolicy, check_budget, select_top_scores
+from specbench.trees.base import (Anchor, DepthScores, DraftTree, TreeError, TreePolicy, anchor_tensor, check_budget,
+                                  select_top_scores)
 from specbench.trees.ranking import ranked_topk, top_indices
 
 ExpandFn = Callable[[DraftTree, Tensor], Tensor]
@@ -98,7 +99,7 @@ def frontier_subtree(tree: DraftTree, frontier: Tensor) -> tuple[DraftTree, Tens
     return tree.subtree(keep), torch.searchsorted(keep, frontier)
 
 
-def beam_grow(anchor: int, topk: TopkFn, budget: int, width: int, depth: int,
+def beam_grow(anchor: Anchor, topk: TopkFn, budget: int, width: int, depth: int,
               device: torch.device | str = "cpu") -> DraftTree:
     """EAGLE-2's dynamic tree. The root's `width` best children are the first beams; at each further
     depth every beam gets its `width` best children (scored by cumulative log-prob), all of them become
@@ -110,7 +111,7 @@ def beam_grow(anchor: int, topk: TopkFn, budget: int, width: int, depth: int,
     included): EAGLE-2's `depth` setting d expands d+1 frontiers.
     """
     depth = min(depth, budget)
-    tokens = [torch.full((1,), anchor, dtype=torch.long, device=device)]
+    tokens = [anchor_tensor(anchor, device)]
     parents = [torch.full((1,), -1, dtype=torch.long, device=device)]
     depths = [torch.zeros(1, dtype=torch.long, device=device)]
     scores = [torch.zeros(1, dtype=torch.float32, device=device)]
@@ -118,7 +119,8 @@ def beam_grow(anchor: int, topk: TopkFn, budget: int, width: int, depth: int,
     beam_scores = scores[0]
     count = 1
     for d in range(depth):
-        tree = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), scores=torch.cat(scores))
+        tree = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), scores=torch.cat(scores),
+                         depth_bound=d)
         tok, lp = topk(tree, frontier, width)  # [F, k]
         k = tok.shape[1]
         cand = (beam_scores[:, None] + lp.float().clamp(max=0.0)).flatten()  # [F*k] by (beam place, rank)
@@ -129,5 +131,6 @@ def beam_grow(anchor: int, topk: TopkFn, budget: int, width: int, depth: int,
         best = top_indices(cand, width)
         frontier, beam_scores = best + count, cand[best]
         count += cand.shape[0]
-    candidates = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), scores=torch.cat(scores))
+    candidates = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), scores=torch.cat(scores),
+                           depth_bound=depth)
     return select_top_scores(candidates, budget)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 _LOW32 = 0xFFFFFFFF
+CPU_KEYS_MAX_WIDTH = 4096  # rows up to this wide are ranked through keys on the CPU too
 
 
 def order_keys(values: Tensor, index: Tensor) -> Tensor:
@@ -48,14 +49,15 @@ def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(values [R, k] float32, indices [R, k] int64): the k largest entries of each row of x [R, V],
     value descending, equal values by lower index. Exact on every device.
 
-    CPU: a float top-k plus tie checks on the k+1 kept values (packing keys over the whole row costs
-    several passes there); other devices: one top-k over packed int64 keys (no host synchronisation).
+    Large rows on the CPU: a float top-k plus tie checks on the k+1 kept values (packing keys over a
+    whole vocabulary costs several passes there); otherwise one top-k over packed int64 keys (no host
+    read: what the GPU round captures).
     """
     if x.dim() != 2:
         raise ValueError(f"ranked_topk expects a 2-D [rows, vocab] tensor, got shape {tuple(x.shape)}")
     k = min(int(k), x.shape[-1])
     x = x.float()
-    if x.device.type == "cpu":
+    if x.device.type == "cpu" and x.shape[-1] > CPU_KEYS_MAX_WIDTH:
         return ranked_topk_checked(x, k)
     return ranked_topk_keys(x, k)
 

@@ -37,6 +37,44 @@ class VerifyResult:
         return len(self.path) - 1
 
 
+@dataclass
+class Acceptance:
+    """A verify result as one device tensor, written without a host read (what the GPU round commits
+    from and reads once per round).
+
+    packed [2 + N] int64: [P, bonus, path[0..P), -1, ...] (the `tree_accept` layout; P = accepted
+    drafts + 1, path = accepted node ids from the root). Views: count [1], bonus [1], path [N].
+    """
+
+    packed: Tensor
+
+    @property
+    def count(self) -> Tensor:
+        return self.packed[0:1]
+
+    @property
+    def bonus(self) -> Tensor:
+        return self.packed[1:2]
+
+    @property
+    def path(self) -> Tensor:
+        return self.packed[2:]
+
+    @classmethod
+    def from_result(cls, result: VerifyResult, num_nodes: int, device: torch.device | str) -> "Acceptance":
+        """The packed form of a host result (one small host->device copy)."""
+        row = [len(result.path), result.tokens[-1], *result.path] + [-1] * (num_nodes - len(result.path))
+        return cls(torch.tensor(row, dtype=torch.long).to(device))
+
+
+def read_acceptance(packed_and_tokens: Sequence[int], num_nodes: int) -> VerifyResult:
+    """The host result from a read of cat([Acceptance.packed, tree.tokens]) (length 2 + 2N)."""
+    count = packed_and_tokens[0]
+    path = list(packed_and_tokens[2: 2 + count])
+    tokens = [packed_and_tokens[2 + num_nodes + i] for i in path[1:]] + [packed_and_tokens[1]]
+    return VerifyResult(path=path, tokens=tokens)
+
+
 def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     """weights [..., V] (non-negative, not necessarily normalised), u [...] in [0, 1) -> index [...].
 
@@ -138,6 +176,16 @@ class Verifier(ABC):
     def verify(self, tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig, rng: Randomness) -> VerifyResult:
         """target_logits [N, V]: the target's logits at every tree node (row i predicts i's child)."""
         return self.verify_probs(tree, process_logits(target_logits, sampling), rng)
+
+    def accepts_on_device(self, sampling: SamplingConfig) -> bool:
+        """True when `accept` serves `sampling` (default: never)."""
+        return False
+
+    def accept(self, tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig) -> Acceptance:
+        """The same decision as `verify`, as device tensors and without reading the device (so the GPU
+        round can capture it in a CUDA graph). Only where `accepts_on_device(sampling)`: a rule that
+        draws through the host's `Randomness` has no such form."""
+        raise NotImplementedError(f"{type(self).__name__} decides on the host: call verify()")
 
     @abstractmethod
     def verify_probs(self, tree: DraftTree, target_probs: Tensor, rng: Randomness) -> VerifyResult:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from specbench.trees.base import DraftTree
-from specbench.verify.base import VerifyResult, inverse_cdf
+from specbench.verify.base import VerifyResult, inverse_cdf, read_acceptance
 from specbench.verify.laws import draft_rows, normalised, residual
 
 
@@ -26,26 +26,31 @@ def first_of_token(tree: DraftTree) -> Tensor:
     return ~(same & earlier).any(dim=-1)
 
 
-def walk_batched(tree: DraftTree, picks: Tensor, use_kernel: bool | None = None) -> VerifyResult:
-    """picks [N]: the target's token at every node. Accept the deepest node whose whole path matches
-    (node j matches when its token is its parent's pick and no earlier sibling has that token).
-    On CUDA (use_kernel None) the Triton `tree_accept` kernel does it in one launch."""
+def accept_packed(tree: DraftTree, picks: Tensor, use_kernel: bool | None = None) -> Tensor:
+    """picks [N]: the target's token at every node. The deepest node whose whole path matches (node j
+    matches when its token is its parent's pick and no earlier sibling has that token), packed as
+    `Acceptance.packed` [2 + N], with no host read. On CUDA (use_kernel None) the Triton `tree_accept`
+    kernel does it in one launch. Parentless nodes other than the root are padding: never accepted."""
     n = tree.num_nodes
     if (picks.is_cuda if use_kernel is None else use_kernel) and n <= 1024:
         from specbench.kernels.tree_accept import tree_accept
 
-        acc = tree_accept(tree.tokens, tree.parents, picks.to(tree.device))
-        packed = torch.cat([acc.packed, tree.tokens]).tolist()  # the one host read: [P, bonus, path.., tokens]
-        count = packed[0]
-        path = packed[2: 2 + count]
-        return VerifyResult(path=path, tokens=[packed[2 + n + i] for i in path[1:]] + [packed[1]])
-    root = torch.arange(n, device=tree.device) == 0
-    match = root | ((tree.tokens == picks[tree.parents.clamp(min=0)]) & first_of_token(tree))  # [N]
+        return tree_accept(tree.tokens, tree.parents, picks.to(tree.device)).packed
+    ids = torch.arange(n, device=tree.device)
+    has_parent = tree.parents >= 0
+    match = (ids == 0) | (has_parent & (tree.tokens == picks[tree.parents.clamp(min=0)]) & first_of_token(tree))
     on_path = ~(tree.ancestor_mask & ~match[None, :]).any(dim=-1)  # [N]: every ancestor matched
     deepest = torch.where(on_path, tree.depth, -1).argmax()
-    packed = torch.cat([tree.ancestor_mask[deepest].long(), tree.tokens, picks[deepest].view(1)]).tolist()
-    path = [i for i in range(n) if packed[i]]
-    return VerifyResult(path=path, tokens=[packed[n + i] for i in path[1:]] + [packed[-1]])
+    along = tree.ancestor_mask[deepest]  # [N]: the accepted path's nodes
+    path = torch.full((n + 1,), -1, dtype=torch.long, device=tree.device)
+    path.scatter_(0, torch.where(along, tree.depth, n), ids)  # node at depth d -> slot d; others -> slot n
+    return torch.cat([along.sum().view(1), picks[deepest].view(1), path[:n]])
+
+
+def walk_batched(tree: DraftTree, picks: Tensor, use_kernel: bool | None = None) -> VerifyResult:
+    """`accept_packed` read back to the host (one read of the packed result and the tree's tokens)."""
+    packed = accept_packed(tree, picks, use_kernel)
+    return read_acceptance(torch.cat([packed, tree.tokens.to(packed.device)]).tolist(), tree.num_nodes)
 
 
 def greedy_batched(tree: DraftTree, scores: Tensor) -> VerifyResult:

@@ -16,9 +16,9 @@ from torch import Tensor
 from specbench.config import SamplingConfig
 from specbench.trees.base import DraftTree
 from specbench.verify import VERIFIERS
-from specbench.verify.base import Randomness, Verifier, VerifyResult
+from specbench.verify.base import Acceptance, Randomness, Verifier, VerifyResult
 from specbench.verify.sampling import process_logits
-from specbench.verify.vectorised import greedy_batched, sample_walk_batched
+from specbench.verify.vectorised import accept_packed, greedy_batched, sample_walk_batched
 
 
 def walk(tree: DraftTree, pick: Callable[[int], int]) -> VerifyResult:
@@ -54,6 +54,13 @@ class GreedyWalk(Verifier):
         if self.vectorised:
             return greedy_batched(tree, target_logits)
         return self.verify_probs(tree, target_logits, rng)
+
+    def accepts_on_device(self, sampling: SamplingConfig) -> bool:
+        return sampling.greedy
+
+    def accept(self, tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig) -> Acceptance:
+        self.check(sampling)
+        return Acceptance(accept_packed(tree, target_logits.argmax(dim=-1)))
 
     def verify_probs(self, tree: DraftTree, target_probs: Tensor, rng: Randomness) -> VerifyResult:
         argmax = target_probs.argmax(dim=-1).tolist()  # one host read for all nodes

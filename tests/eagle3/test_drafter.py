@@ -21,13 +21,13 @@ def _ar(target, prompt, new_tokens):
 
 
 def _committed_positions_checker(drafter, prompt_len):
-    """on_round hook: when a round's tree is verified, the head cache holds exactly the committed
-    positions 0..cache_len-1 (each once, nothing drafted)."""
+    """on_round hook: once a round is committed, the head cache holds exactly the committed positions
+    0..cache_len-1 (each once, nothing drafted): all committed tokens but the new anchor."""
     committed = {"len": prompt_len}  # the target cache length at the start of round 1 (prompt; first token = anchor)
 
     def check(round_no, tree, result):
-        assert drafter.fed == committed["len"] == drafter.cache.host_lengths[0], round_no
         committed["len"] += len(result.tokens)
+        assert drafter.fed == committed["len"] == drafter.cache.host_lengths[0], round_no
 
     return check
 

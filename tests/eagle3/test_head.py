@@ -21,17 +21,21 @@ def test_feature_layers_are_the_inputs_of_layers_2_mid_and_L_minus_3() -> None:
 
 def test_taps_equal_the_inputs_eagle3_reads() -> None:
     """specbench tap l = output of layer l; EAGLE-3 reads the inputs of layers 2, L//2, L-3."""
+    from specbench.models.decoder import AttentionMeta
+
     target = tiny_target(num_layers=10)
-    L = 10
-    inputs: dict[int, torch.Tensor] = {}
-    hooks = [target.model.layers[i].register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0]))
-             for i in (2, L // 2, L - 3)]
-    try:
-        ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(0))
-        out = target.forward(ids, torch.arange(9)[None], target.new_cache(9), None, eagle3_feature_layers(L))
-    finally:
-        for h in hooks:
-            h.remove()
+    model, L = target.model, 10
+    ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(9)[None]
+    out = target.forward(ids, pos, target.new_cache(9), None, eagle3_feature_layers(L))
+    # the inputs of every layer, from the layers run one after the other as plain modules
+    cache = target.new_cache(9)
+    meta = AttentionMeta(lengths=cache.lengths, tree_mask=torch.ones(9, 9, dtype=torch.bool).tril()[None], kv_len=9)
+    cos, sin = model.rope(pos)
+    x, inputs = model.embed(ids), {}
+    for i, layer in enumerate(model.layers):
+        inputs[i] = x
+        x = layer(x, cos, sin, cache.k[i], cache.v[i], pos, meta, model._attend)
     for tap, layer in zip(eagle3_feature_layers(L), (2, L // 2, L - 3)):
         torch.testing.assert_close(out.hidden[tap], inputs[layer], rtol=0, atol=0)
 

@@ -50,15 +50,18 @@ class RecordingDrafter(JetSpecTreeDrafter):
     """Records every context write of the draft cache and the committed length at each draft."""
 
     def begin(self, state, prefill, max_seq_len):
-        super().begin(state, prefill, max_seq_len)
         self.writes: list[tuple[int, int]] = []
         self.lengths: list[tuple[int, int]] = []
+        super().begin(state, prefill, max_seq_len)
 
-    def _sync_context(self, state):
+    def write_context(self, features, count):
         start = self.context_len
-        super()._sync_context(state)
+        super().write_context(features, count)
         self.writes.append((start, self.context_len))
+
+    def block_logp(self, state):
         self.lengths.append((self.context_len, state.cache_len))
+        return super().block_logp(state)
 
 
 def test_draft_cache_holds_each_committed_position_once(tiny, trained_tiny_heads) -> None:
@@ -68,6 +71,7 @@ def test_draft_cache_holds_each_committed_position_once(tiny, trained_tiny_heads
     result = decoder.generate(prompt, NEW)
     assert sum(r.accepted for r in result.stats.rounds) > 0
     # every draft sees exactly the committed positions (all tokens but the anchor) ...
+    assert len(drafter.lengths) == len(result.stats.rounds) and len(drafter.writes) == len(result.stats.rounds) + 1
     assert all(ctx == committed for ctx, committed in drafter.lengths)
     # ... written in contiguous, non-overlapping ranges from 0: each position once
     written = [p for s, e in drafter.writes for p in range(s, e)]
@@ -116,12 +120,15 @@ def test_rescore_tree_scores_and_extension() -> None:
     s = out.scores.tolist()
     assert s[1] == pytest.approx(float(logp[0, 2])) and s[2] == pytest.approx(float(logp[0, 2] + logp[1, 3]))
     assert s[3] == pytest.approx(float(logp[0, 4]))
+    assert out.num_nodes == 4 + 4 * 2  # `extend` new leaves per node (static shape), in (node, rank) order
+    assert parents[4:] == [0, 0, 1, 1, 2, 2, 3, 3]
     for v in range(4, out.num_nodes):  # new nodes: leaves with path score, not duplicating a child
         p = parents[v]
-        assert depth[p] < 2
-        assert s[v] == pytest.approx(s[p] + float(logp[p, tokens[v]]))
-    per_parent = {u: [v for v in range(4, out.num_nodes) if parents[v] == u] for u in range(4)}
-    assert [len(per_parent[u]) for u in range(4)] == [2, 2, 0, 2]  # node 2 is at max depth
+        if depth[p] >= 2:  # node 2 is at max depth: its leaves can never be chosen
+            assert s[v] == float("-inf")
+        else:
+            assert s[v] == pytest.approx(s[p] + float(logp[p, tokens[v]]))
+            assert (p, tokens[v]) not in {(parents[c], tokens[c]) for c in range(1, 4)}
     assert all(s[v] <= s[parents[v]] + 1e-12 for v in range(1, out.num_nodes))
 
 

@@ -113,3 +113,19 @@ def test_batched_walk_through_the_kernel_equals_the_torch_walk() -> None:
         a = walk_batched(tree, picks, use_kernel=True)
         b = walk_batched(tree, picks, use_kernel=False)
         assert (a.path, a.tokens) == (b.path, b.tokens)
+
+
+def test_padding_nodes_are_never_accepted(device) -> None:
+    """A tree padded to a static size with parentless nodes accepts what the unpadded tree accepts,
+    whatever the padding's tokens (even ones equal to the root's pick)."""
+    g = torch.Generator().manual_seed(4)
+    for trial in range(20):
+        tokens, parents, argmax = _random_case(12, 3, g, plant=True)
+        pad = 5
+        tok_p = torch.cat([tokens, torch.full((pad,), int(argmax[0]))])
+        par_p = torch.cat([parents, torch.full((pad,), -1)])
+        pick_p = torch.cat([argmax, torch.randint(0, 3, (pad,), generator=g)])
+        got = tree_accept(tok_p.to(device), par_p.to(device), pick_p.to(device)).packed.cpu()
+        ref = tree_accept_reference(tokens, parents, argmax)
+        assert torch.equal(got[: ref.numel()], ref) and bool((got[ref.numel():] == -1).all()), trial
+        assert torch.equal(tree_accept_reference(tok_p, par_p, pick_p), got)

@@ -35,7 +35,7 @@ from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache, sdpa
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
 from specbench.trees.grow import grow_tree
-from specbench.verify.base import VerifyResult
+from specbench.verify.base import Acceptance, VerifyResult
 from specbench.verify.sampling import process_logits
 
 
@@ -59,11 +59,17 @@ def random_head(target: TargetModel, draft_vocab: int = 0, seed: int = 0) -> Eag
     return head.to(target.device).init_weights(target.model, seed)
 
 
+ROW_CAPACITY = 1024  # draft entries per round (root included): buffers are allocated once, at begin
+
+
 @DRAFTERS.register("eagle3")
 class Eagle3Drafter(Drafter):
     """Built as `Eagle3Drafter(target, checkpoint=DIR)`; without `checkpoint` the shipped head
     specbench/heads/eagle3-<target>/ is loaded. `random_init=True` builds an untrained head instead
-    (`draft_vocab`, `seed`); `head=` takes an Eagle3Head object (from code, e.g. a training run)."""
+    (`draft_vocab`, `seed`); `head=` takes an Eagle3Head object (from code, e.g. a training run).
+
+    Device-only after `begin` (capturable at T = 0): the committed entries are fed in `observe` from
+    the verify result's tensors, draft entries live in buffers of ROW_CAPACITY rows allocated once."""
 
     name = "eagle3"
     policies = ("chain", "eagle2", "static")
@@ -79,33 +85,50 @@ class Eagle3Drafter(Drafter):
         self.head = head.cast(target.device, target.dtype).eval().requires_grad_(False)
         cfg = target.config
         self.cache: KVCache | None = None
-        self.fed = 0  # committed entries in the head cache (entries 0..fed-1)
-        self.pending: list[Tensor] = []  # [m, F*d] tapped target features of committed positions not yet fed
         # Per-round draft entries: row 0 = the root (anchor's entry, committed), rows 1.. = draft nodes
-        # at cache slots fed + row - 1. hidden_rows: each row's output; visible[r, c]: row r sees row c.
+        # at cache slots len + row - 1. hidden_rows: each row's output; visible[r, c]: row r sees row c.
         self.rows = 0
-        self.hidden_rows = torch.zeros(1, cfg.hidden_size, dtype=target.dtype, device=target.device)
-        self.visible = torch.zeros(1, 1, dtype=torch.bool, device=target.device)
-        self.node_rows = torch.zeros(1, dtype=torch.long, device=target.device)  # tree node id -> row (this round)
-        self.root_logp: Tensor | None = None  # [K] the root's child log-probs (this round)
-        self.passes = 0  # head passes in the last draft() call (for cost measurements)
+        self.hidden_rows = torch.zeros(ROW_CAPACITY, cfg.hidden_size, dtype=target.dtype, device=target.device)
+        self.visible = torch.zeros(ROW_CAPACITY, ROW_CAPACITY, dtype=torch.bool, device=target.device)
+        self.node_rows = torch.zeros(ROW_CAPACITY, dtype=torch.long, device=target.device)  # tree node id -> row
+        self.root_logp = torch.zeros(self.head.draft_vocab, dtype=torch.float32, device=target.device)  # [K]
+        self.passes = 0  # head passes of the last drafted round, its context feed included
 
     @property
     def taps(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.head.feature_layers)))
 
+    @property
+    def fed(self) -> int:
+        """Committed entries in the head cache (a host read)."""
+        return self.cache.host_lengths[0] if self.cache is not None else 0
+
+    def capturable(self, policy: TreePolicy) -> bool:
+        return policy.capturable(self.target.device) and hasattr(policy, "grow")
+
     # ---- request / round bookkeeping ---------------------------------------------------------
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
-        if self.cache is None or self.cache.max_seq_len < max_seq_len:
-            self.cache = self.target.new_cache(max_seq_len, num_layers=1)
+        slots = max_seq_len + 2 * ROW_CAPACITY
+        if self.cache is None or self.cache.max_seq_len < slots:
+            self.cache = self.target.new_cache(slots, num_layers=1)
         self.cache.reset()
-        self.fed = 0
-        self.pending = [self._features(prefill)]
+        dev = self.target.device
+        n = state.cache_len  # entries 0..n-1: (x_{j+1}, g_j), x_n = the anchor
+        tokens = torch.tensor(state.tokens[1: n + 1], dtype=torch.long, device=dev)
+        self.feed(tokens, self._features(prefill)[:n], torch.full((1,), n, dtype=torch.long, device=dev))
 
-    def observe(self, tree: DraftTree, result: VerifyResult, target_out: ForwardOutput) -> None:
-        # The accepted nodes (root first) are the newly committed positions: queue their target features.
-        path = torch.tensor(result.path, dtype=torch.long, device=self.target.device)
-        self.pending.append(self._features(target_out)[path])
+    def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
+        """Feed the newly committed positions: entry j pairs the j-th accepted token after the root
+        (the bonus last) with the target features at the j-th path node. The path is padded to the
+        tree's depth + 1 rows (static); rows past the count are fed as scratch and dropped."""
+        acc = result if isinstance(result, Acceptance) else Acceptance.from_result(result, tree.num_nodes, self.target.device)
+        depth = tree.depth_bound if tree.depth_bound is not None else tree.num_nodes - 1
+        rows = min(tree.num_nodes, depth + 1)
+        path = acc.path[:rows]
+        nxt = torch.cat([path[1:], path.new_full((1,), -1)])  # node after each path node
+        step = torch.arange(rows, device=path.device)
+        tokens = torch.where(step == acc.count - 1, acc.bonus, tree.tokens[nxt.clamp(min=0)])
+        self.feed(tokens, self._features(target_out)[path.clamp(min=0)], acc.count)
 
     def _features(self, out: ForwardOutput) -> Tensor:
         """[N, F*d]: the tapped target layers of every position of `out`, in feature order."""
@@ -115,30 +138,29 @@ class Eagle3Drafter(Drafter):
         return self.target.model.embed(tokens)
 
     # ---- head passes ----------------------------------------------------------------------------
-    def feed_context(self, state: DraftState) -> Tensor:
-        """Run the committed entries not yet in the head cache (fed..n-1, causal) and start a round.
-        Returns the root's child log-probs over the draft vocabulary [K]."""
+    def feed(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
+        """Run m committed entries (tokens [m], target features [m, F*d]) at positions len..len+m-1,
+        causal among themselves, of which the first count [1] are real: their K/V join the head cache
+        (len += count) and the output of entry count-1 predicts depth 1 of the next round."""
         assert self.cache is not None, "begin() was not called"
-        n = state.cache_len
-        features = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
-        m = n - self.fed
-        if features.shape[0] != m or m < 1:
-            raise RuntimeError(f"eagle3 bookkeeping: {features.shape[0]} queued features for {m} new committed "
-                               f"positions (fed {self.fed}, committed {n})")
+        m = tokens.shape[0]
         dev = self.target.device
-        tokens = torch.tensor(state.tokens[self.fed + 1: n + 1], dtype=torch.long, device=dev)
-        positions = torch.arange(self.fed, n, device=dev)[None]  # [1, m]; slot = position
+        positions = (self.cache.lengths + torch.arange(m, device=dev))[None]  # [1, m]; slot = position
         causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril_()[None]
-        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=causal, kv_len=n)
+        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=causal, kv_len=self.cache.max_seq_len)
         h = self.head(self._embed(tokens)[None], self.head.fuse(features)[None], positions,
-                      self.cache.k[0], self.cache.v[0], positions, meta, sdpa_attention)  # [1, m, d]
-        self.cache.advance(m)
-        self.fed = n
-        self.pending = []
+                      self.cache.k[0], self.cache.v[0], positions, meta, sdpa_attention, self.target.model.ops)  # [1, m, d]
+        last = h[0].index_select(0, count - 1)  # [1, d]
+        self.hidden_rows[0:1].copy_(last)
+        self.root_logp.copy_(self._logp(last)[0])
+        self.cache.advance_device(count)
+
+    def feed_context(self, state: DraftState) -> Tensor:
+        """Start a round: the root's child log-probs over the draft vocabulary [K] (the committed
+        entries were fed by `begin` / `observe`)."""
         self.rows = 0
-        self.hidden_rows[0] = h[0, -1]
-        self.passes = 1
-        return self._logp(h[0, -1:])[0]
+        self.passes = 1  # the feed that prepared this round
+        return self.root_logp
 
     def run_nodes(self, tokens: Tensor, parent_rows: Tensor, depth: Tensor) -> tuple[Tensor, Tensor]:
         """One head pass over a frontier of F new draft nodes of this round.
@@ -149,21 +171,23 @@ class Eagle3Drafter(Drafter):
         assert self.cache is not None, "begin() was not called"
         f = int(tokens.numel())
         first = self.rows + 1
-        self._reserve(first + f)
+        if first + f > ROW_CAPACITY:
+            raise RuntimeError(f"eagle3: a round of more than {ROW_CAPACITY} draft entries; lower the budget or tree width")
         dev = self.target.device
         rows = torch.arange(first, first + f, device=dev)
-        vis = self.visible[parent_rows]  # [F, R]: the parents' ancestors (root row: none)
-        vis[torch.arange(f, device=dev), rows] = True
+        vis = self.visible[parent_rows].scatter_(1, rows[:, None], True)  # [F, R]: the parents' ancestors and itself
         self.visible[rows] = vis
-        committed = self.fed
-        kv_len = committed + first + f - 1
-        dense = torch.cat([torch.ones(f, committed, dtype=torch.bool, device=dev), vis[:, 1: first + f]], dim=1)
-        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=vis[:, rows][None], kv_len=kv_len,
-                             dense_mask=dense[None, None])  # [1, 1, F, kv_len]
+        committed = self.cache.lengths  # [1]
+        slots_total = self.cache.max_seq_len
+        rel = torch.arange(slots_total, device=dev) - committed + 1  # slot -> draft row (slot len + r - 1)
+        in_rows = (rel >= 1) & (rel < ROW_CAPACITY)
+        dense = (rel < 1)[None, :] | (in_rows[None, :] & vis.gather(1, rel.clamp(0, ROW_CAPACITY - 1)[None].expand(f, -1)))
+        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=vis[:, rows][None], kv_len=slots_total,
+                             dense_mask=dense[None, None])  # [1, 1, F, S]
         positions = (committed - 1 + depth)[None]
         slots = (committed - 1 + rows)[None]
         h = self.head(self._embed(tokens)[None], self.hidden_rows[parent_rows][None], positions,
-                      self.cache.k[0], self.cache.v[0], slots, meta, sdpa_attention)[0]  # [F, d]
+                      self.cache.k[0], self.cache.v[0], slots, meta, sdpa_attention, self.target.model.ops)[0]  # [F, d]
         self.hidden_rows[rows] = h
         self.rows += f
         self.passes += 1
@@ -172,25 +196,6 @@ class Eagle3Drafter(Drafter):
     def _logp(self, hidden: Tensor) -> Tensor:
         return F.log_softmax(self.head.logits(hidden).float(), dim=-1)
 
-    def _reserve(self, rows: int) -> None:
-        """Room for `rows` per-round rows (root included) and their cache slots; grows by doubling."""
-        assert self.cache is not None
-        need_slots = self.fed + rows - 1
-        if need_slots > self.cache.max_seq_len:
-            grown = self.target.new_cache(max(need_slots, 2 * self.cache.max_seq_len), num_layers=1)
-            grown.k[..., : self.fed, :] = self.cache.k[..., : self.fed, :]
-            grown.v[..., : self.fed, :] = self.cache.v[..., : self.fed, :]
-            grown.advance(self.fed)
-            self.cache = grown
-        have = self.visible.shape[0]
-        if rows > have:
-            size = max(rows, 2 * have)
-            visible = torch.zeros(size, size, dtype=torch.bool, device=self.visible.device)
-            visible[:have, :have] = self.visible
-            hidden = self.hidden_rows.new_zeros(size, self.hidden_rows.shape[1])
-            hidden[:have] = self.hidden_rows
-            self.visible, self.hidden_rows = visible, hidden
-
     def to_target_logp(self, logp: Tensor) -> Tensor:
         """Draft-vocabulary log-probs [..., K] -> target-vocabulary log-probs [..., V] (-inf outside)."""
         out = logp.new_full((*logp.shape[:-1], self.target.config.vocab_size), float("-inf"))
@@ -198,27 +203,25 @@ class Eagle3Drafter(Drafter):
 
     # ---- drafting ----------------------------------------------------------------------------------
     def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
-        self.root_logp = self.feed_context(state)
+        root_logp = self.feed_context(state)
+        anchor = state.anchor_on(self.target.device)
         if policy.name == "chain":
-            return self._draft_chain(state, self.root_logp, budget)
-        return grow_tree(policy, state.anchor, self.expand, budget, budget, self.target.device)
+            return self._draft_chain(state, anchor, root_logp, budget)
+        return grow_tree(policy, anchor, self.expand, budget, budget, self.target.device)
 
     def expand(self, tree: DraftTree, frontier: Tensor) -> Tensor:
         """The `grow` callback: full-vocabulary child log-probs [F, V] of the frontier nodes of `tree`
         (one depth). Their parents were frontier nodes of earlier calls, so their rows exist."""
         if tree.num_nodes == 1:  # the root: computed with the context feed
-            assert self.root_logp is not None, "draft() feeds the context before growing"
             return self.to_target_logp(self.root_logp)[None]
-        if self.node_rows.numel() < tree.num_nodes:
-            grown = self.node_rows.new_zeros(2 * tree.num_nodes)
-            grown[: self.node_rows.numel()] = self.node_rows
-            self.node_rows = grown
+        if tree.num_nodes > ROW_CAPACITY:
+            raise RuntimeError(f"eagle3: a tree of more than {ROW_CAPACITY} candidates; lower the budget or tree width")
         parent_rows = self.node_rows[tree.parents[frontier]]  # node 0 -> row 0 (the root)
         rows, logp = self.run_nodes(tree.tokens[frontier], parent_rows, tree.depth[frontier])
         self.node_rows[frontier] = rows
         return self.to_target_logp(logp)
 
-    def _draft_chain(self, state: DraftState, logp: Tensor, budget: int) -> DraftTree:
+    def _draft_chain(self, state: DraftState, anchor: Tensor, logp: Tensor, budget: int) -> DraftTree:
         """One node per pass; tokens stay on the device (no host read) unless sampling."""
         d2t, dev = self.head.d2t, self.target.device
         tokens: list[Tensor] = []
@@ -238,7 +241,7 @@ class Eagle3Drafter(Drafter):
                 depth_t = torch.full((1,), depth, dtype=torch.long, device=dev)
                 parent, child_logp = self.run_nodes(d2t[index].view(1), parent, depth_t)
                 logp = child_logp[0]
-        tree = DraftTree.chain(state.anchor, torch.stack(tokens), torch.stack(probs) if probs else None, device=dev)
+        tree = DraftTree.chain(anchor, torch.stack(tokens), torch.stack(probs) if probs else None, device=dev)
         tree.scores = torch.cat([logp.new_zeros(1), torch.cumsum(torch.stack(picked), 0)])
         return tree
 

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from specbench.drafters.init import init_draft_params_
 from specbench.models.config import ModelConfig
-from specbench.models.decoder import MLP, Attention, AttentionFn, AttentionMeta, RMSNorm, Transformer, rope_inv_freq
+from specbench.models.decoder import (MLP, REFERENCE_OPS, Attention, AttentionFn, AttentionMeta, LayerOps, RMSNorm, Transformer,
+                                      rope_inv_freq)
 
 
 def eagle3_feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -132,7 +133,7 @@ class Eagle3Head(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, k_cache: Tensor, v_cache: Tensor,
-                slots: Tensor, meta: AttentionMeta | None, attend: AttentionFn) -> Tensor:
+                slots: Tensor, meta: AttentionMeta | None, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """One layer pass. embeds [B, N, d] (embedding of each entry's token), hidden [B, N, d] (fused
         target feature, or the head's own previous output); K/V are written to `slots` [B, N] of the
         one-layer caches [B, Hkv, S, D] and `attend` decides what each entry sees. Returns the new
@@ -141,8 +142,8 @@ class Eagle3Head(nn.Module):
         embeds, hidden = embeds.to(dtype), hidden.to(dtype)
         cos, sin = self.rope(positions)
         x = torch.cat([self.embed_norm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, N, 2d]
-        h = hidden + self.attn(x, cos, sin, k_cache, v_cache, slots, meta, attend)  # type: ignore[arg-type]
-        return h + self.mlp(self.mlp_norm(h))
+        h = hidden + self.attn(x, cos, sin, k_cache, v_cache, slots, meta, attend, ops)  # type: ignore[arg-type]
+        return h + self.mlp(self.mlp_norm(h), ops)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """[..., d] -> draft-vocabulary logits [..., K]."""

@@ -2,10 +2,10 @@
 verified-context K/V, and running a block (MASK or concrete inputs) against it.
 
 Draft-side cache (methods.md §1.3): per draft layer, the K/V of the fused context feature of every
-verified position, written exactly once. `begin` queues the prompt's tapped states; `observe` queues
-the tapped states of the verify pass's accepted nodes (root + path), which are the next committed
-positions; the next `draft` writes the queue into the cache (so its length equals the target's cache
-length, i.e. every committed token but the anchor). Block K/V are computed per round and never kept.
+verified position, written exactly once. `begin` writes the prompt's; `observe` writes those of the
+verify pass's accepted nodes (root + path), which are the next committed positions, so the cache's
+length always equals the target's (every committed token but the anchor). A block's own K/V are
+scratch slots past the committed prefix, overwritten by the next round.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from specbench.drafters.base import Drafter, DraftState
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig
 from specbench.drafters.heads.checkpoint import HeadCheckpointError, default_head_dir, load_head
 from specbench.drafters.heads.masks import block_pattern
-from specbench.models.decoder import ForwardOutput, KVCache
+from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree
-from specbench.verify.base import VerifyResult
+from specbench.verify.base import Acceptance, VerifyResult
 
 
 def load_trained_head(drafter: str, target: TargetModel, checkpoint: str | Path | None = None) -> DraftHead:
@@ -57,6 +57,9 @@ class HeadDrafter(Drafter):
     """Base of the DFlash-family drafters. Built as `Drafter(target, checkpoint=DIR | head=DraftHead)`.
 
     attention: the within-block pattern this drafter runs (must match what the head was trained with).
+    Every step after `begin` is tensor ops on the device with static shapes (the anchor is read from
+    `state.anchor_on(device)`, the committed length from the draft cache's device `lengths`), so the
+    GPU round captures the drafter's phases and `observe` in CUDA graphs.
     """
 
     attention: ClassVar[str] = ""
@@ -80,8 +83,8 @@ class HeadDrafter(Drafter):
         self.block_size = block_size if block_size is not None else cfg.block_size
         if not 2 <= self.block_size <= cfg.block_size:
             raise ValueError(f"block_size must be in [2, {cfg.block_size}] (the size the head was trained on), got {self.block_size}")
+        self.max_path = self.block_size + 1  # accepted nodes per round, root included (a tree's depth <= block)
         self.cache: KVCache | None = None
-        self.pending: list[Tensor] = []  # [1, k, m*d] tapped features of committed positions not yet cached
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -89,56 +92,66 @@ class HeadDrafter(Drafter):
 
     @property
     def context_len(self) -> int:
-        """Verified positions whose features the draft cache holds."""
+        """Verified positions whose features the draft cache holds (a host read)."""
         return self.cache.host_lengths[0] if self.cache is not None else 0
 
-    def _features(self, hidden: dict[int, Tensor], rows: list[int] | slice) -> Tensor:
+    def graph_state(self) -> list[Tensor]:
+        return [self.cache.lengths] if self.cache is not None else []
+
+    def _features(self, hidden: dict[int, Tensor], rows: Tensor | slice) -> Tensor:
         """The tapped states at `rows`, concatenated in tap order: [1, k, m*d]."""
         return torch.cat([hidden[t][:, rows] for t in self.taps], dim=-1)
 
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         head, cfg = self.head, self.target.config
-        if self.cache is None or self.cache.max_seq_len < max_seq_len:
-            self.cache = KVCache(head.config.num_layers, 1, cfg.num_kv_heads, max_seq_len, cfg.head_dim,
-                                 self.target.dtype, self.target.device)
+        slots = max_seq_len + 2 * self.max_path + self.block_size  # room past the committed prefix: scratch
+        if self.cache is None or self.cache.max_seq_len < slots:
+            self.cache = KVCache(head.config.num_layers, 1, cfg.num_kv_heads, slots, cfg.head_dim, self.target.dtype,
+                                 self.target.device)
         self.cache.reset()
-        self.pending = [self._features(prefill.hidden, slice(None))]
+        features = self._features(prefill.hidden, slice(None))
+        n = features.shape[1]
+        self.write_context(features, torch.full((1,), n, dtype=torch.long, device=features.device))
 
-    def observe(self, tree: DraftTree, result: VerifyResult, target_out: ForwardOutput) -> None:
-        self.pending.append(self._features(target_out.hidden, list(result.path)))
-
-    def _sync_context(self, state: DraftState) -> None:
-        """Write the queued features into the draft cache (each committed position exactly once)."""
+    def write_context(self, features: Tensor, count: Tensor) -> None:
+        """Features [1, L, m*d] of the next L committed positions, of which the first count [1] are real:
+        their K/V go to slots len .. len+L-1 (the rest land past the new length, free) and len += count."""
         assert self.cache is not None, "begin() was not called"
-        start = self.context_len
-        feats = torch.cat(self.pending, dim=1) if len(self.pending) > 1 else self.pending[0]
-        end = start + feats.shape[1]
-        if end != state.cache_len:
-            raise RuntimeError(f"draft cache out of step: {end} context features for {state.cache_len} committed tokens")
-        if end > start:
-            positions = torch.arange(start, end, device=feats.device)[None]
-            for i, (k, v) in enumerate(self.head.context_kv(feats, positions, self.target.model)):
-                self.cache.k[i, :, :, start:end] = k
-                self.cache.v[i, :, :, start:end] = v
-            self.cache.advance(end - start)
-        self.pending = [feats[:, :0]]
+        positions = self.cache.lengths[:, None] + torch.arange(features.shape[1], device=features.device)
+        self.head.write_context(features, positions, self.cache, self.target.model)
+        self.cache.advance_device(count)
+
+    def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
+        """The verify pass's accepted nodes (root first) are the next committed positions: write their
+        tapped states' context K/V (the path padded to `max_path` rows; no host read)."""
+        acc = result if isinstance(result, Acceptance) else Acceptance.from_result(result, tree.num_nodes, self.target.device)
+        rows = acc.path[: self.max_path].clamp(min=0)
+        self.write_context(self._features(target_out.hidden, rows), acc.count)
 
     def context_kv(self) -> list[tuple[Tensor, Tensor]]:
-        """The cached context K/V per draft layer: [1, Hkv, n, D] views."""
+        """The cached context K/V per draft layer: [1, Hkv, n, D] views (a host read of n)."""
         assert self.cache is not None
         n = self.context_len
         return [(self.cache.k[i, :, :, :n], self.cache.v[i, :, :, :n]) for i in range(self.head.config.num_layers)]
 
     def run_block(self, state: DraftState, tokens: Tensor, is_mask: Tensor, depth: Tensor, within: Tensor) -> Tensor:
         """One head pass over Q block inputs (tokens, is_mask [Q], depth [Q] below the anchor) with the
-        within-block mask [Q, Q], after syncing the context; returns log-probs [Q, V] (fp32)."""
-        self._sync_context(state)
-        return head_logp(self.head, self.target, self.context_kv(), tokens, is_mask, depth, within)
+        within-block mask [Q, Q] against the draft cache; returns log-probs [Q, V] (fp32)."""
+        assert self.cache is not None, "begin() was not called"
+        model, cache = self.target.model, self.cache
+        q = tokens.shape[0]
+        # On the CPU read only the filled slots (the committed length is the state's); elsewhere the
+        # whole cache, so the pass has one shape for every context length (capturable).
+        kv_len = state.cache_len + q if cache.k.device.type == "cpu" else cache.max_seq_len
+        meta = AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len)
+        x = self.head.embed_block(tokens[None], is_mask[None], model)
+        hidden = self.head.forward_cached(x, (cache.lengths + depth)[None], cache, meta, model)[0]  # [Q, d]
+        return torch.log_softmax(self.head.logits(hidden, model.lm_head.weight).float(), dim=-1)
 
     def block_logp(self, state: DraftState) -> Tensor:
         """The MASK pass: [anchor, MASK x (b-1)] -> per-depth log-probs [b-1, V] (offset j predicts depth j)."""
         b, dev = self.block_size, self.target.device
-        tokens = torch.full((b,), state.anchor, dtype=torch.long, device=dev)
-        is_mask = torch.arange(b, device=dev) > 0
-        logp = self.run_block(state, tokens, is_mask, torch.arange(b, device=dev), block_pattern(b, self.attention, dev))
+        tokens = state.anchor_on(dev).expand(b)
+        offsets = torch.arange(b, device=dev)
+        logp = self.run_block(state, tokens, offsets > 0, offsets, block_pattern(b, self.attention, dev))
         return logp[1:]

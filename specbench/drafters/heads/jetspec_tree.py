@@ -17,56 +17,47 @@ import torch
 from torch import Tensor
 
 from specbench.drafters import DRAFTERS
+from specbench.drafters.base import DraftState, Phase
 from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.parallel import ParallelHeadDrafter
 from specbench.models.target import TargetModel
 from specbench.trees.base import DepthScores, DraftTree, TreePolicy
+from specbench.trees.ranking import ranked_topk
 
 
 def rescore_tree(candidates: DraftTree, node_logp: Tensor, extend: int, max_depth: int) -> DraftTree:
-    """Candidates rescored by path-conditioned log-probs, plus new children.
+    """Candidates rescored by path-conditioned log-probs, plus new children; tensor ops, no host read.
 
     node_logp [N, V]: log q(next token | path to node i). A node's score is the sum of its path's
-    conditional log-probs (root 0). Each node of depth < max_depth also gets its `extend` most likely
-    next tokens that are not already its children, as new leaves (appended after the candidates, so
-    parents still precede children). Scores never increase from parent to child.
+    conditional log-probs (root 0, summed in float64). Each node also gets its `extend` most likely
+    next tokens that are not already its children, as new leaves appended after the candidates in
+    (node, rank) order, so parents still precede children; those of nodes at depth >= max_depth get
+    score -inf (kept for static shapes, never chosen before a finite node). Scores never increase
+    from parent to child.
     """
-    tokens, parents, depth = candidates.host
-    n = len(tokens)
-    node_logp = node_logp.float()
-    parent_idx = torch.tensor(parents[1:], dtype=torch.long, device=node_logp.device)
-    token_idx = candidates.tokens[1:].to(node_logp.device)
-    contrib = node_logp[parent_idx, token_idx].tolist() if n > 1 else []
-    scores = [0.0] * n
-    for v in range(1, n):
-        scores[v] = scores[parents[v]] + contrib[v - 1]
-    new_tokens, new_parents, new_depth, new_scores = list(tokens), list(parents), list(depth), list(scores)
+    n = candidates.num_nodes
+    dev = node_logp.device
+    lp = node_logp.double()
+    tokens, parents, depth = candidates.tokens.to(dev), candidates.parents.to(dev), candidates.depth.to(dev)
+    ids = torch.arange(n, device=dev)
+    contrib = torch.where(parents >= 0, lp[parents.clamp(min=0), tokens], 0.0)  # [N]: log q(token | parent's path)
+    scores = candidates.ancestor_mask.to(dev).double() @ contrib  # [N]: path sums
+    new = [tokens, parents, depth, scores]
     if extend > 0:
-        children_tokens: list[set[int]] = [set() for _ in range(n)]
-        for v in range(1, n):
-            children_tokens[parents[v]].add(tokens[v])
-        widest = extend + max(len(c) for c in children_tokens)
-        top_lp, top_tok = node_logp.topk(min(widest, node_logp.shape[-1]), dim=-1)
-        top_lp, top_tok = top_lp.tolist(), top_tok.tolist()
-        for u in range(n):
-            if depth[u] >= max_depth:
-                continue
-            added = 0
-            for lp, tok in zip(top_lp[u], top_tok[u]):
-                if added == extend:
-                    break
-                if tok in children_tokens[u]:
-                    continue
-                new_tokens.append(tok)
-                new_parents.append(u)
-                new_depth.append(depth[u] + 1)
-                new_scores.append(scores[u] + lp)
-                added += 1
-    dev = candidates.device
-    return DraftTree(tokens=torch.tensor(new_tokens, dtype=torch.long, device=dev),
-                     parents=torch.tensor(new_parents, dtype=torch.long, device=dev),
-                     depth=torch.tensor(new_depth, dtype=torch.long, device=dev),
-                     scores=torch.tensor(new_scores, dtype=torch.float64, device=dev))
+        width = min(extend + n - 1, node_logp.shape[-1])  # a node has at most n - 1 children
+        top_lp, top_tok = ranked_topk(node_logp, width)  # [N, W]
+        is_child = ((parents[None, None, :] == ids[:, None, None]) &
+                    (tokens[None, None, :] == top_tok[:, :, None])).any(-1)  # [N, W]
+        fresh = ~is_child
+        chosen = (fresh.long().cumsum(1) <= extend) & fresh  # the first `extend` fresh ranks of each node
+        order = torch.sort((~chosen).to(torch.uint8), dim=1, stable=True).indices[:, :extend]  # [N, e] ranks
+        ext_tok = top_tok.gather(1, order)
+        ext_lp = top_lp.double().gather(1, order)
+        ext_scores = torch.where((depth < max_depth)[:, None], scores[:, None] + ext_lp, float("-inf"))
+        new = [torch.cat([tokens, ext_tok.flatten()]), torch.cat([parents, ids.repeat_interleave(extend)]),
+               torch.cat([depth, (depth + 1).repeat_interleave(extend)]), torch.cat([scores, ext_scores.flatten()])]
+    bound = None if candidates.depth_bound is None else candidates.depth_bound + 1
+    return DraftTree(tokens=new[0], parents=new[1], depth=new[2], scores=new[3], depth_bound=bound)
 
 
 @DRAFTERS.register("jetspec-tree")
@@ -87,9 +78,32 @@ class JetSpecTreeDrafter(ParallelHeadDrafter):
             raise ValueError(f"extend must be >= 0, got {extend}")
         self.candidates, self.extend = candidates, extend
 
-    def tree_from_scores(self, anchor: int, logp: Tensor, policy: TreePolicy, budget: int,
-                         path_logp: Callable[[DraftTree], Tensor]) -> DraftTree:
-        candidates = policy.build(DepthScores(anchor, logp), self.candidates or budget)  # from pass 1
-        node_logp = path_logp(candidates)  # pass 2: [N, V]
-        scored = rescore_tree(candidates, node_logp, self.extend, max_depth=self.block_size)
-        return policy.select(scored, budget)
+    def phases(self, state: DraftState, policy: TreePolicy, budget: int) -> list[Phase]:
+        if state.want_draft_probs:
+            return super().phases(state, policy, budget)
+        anchor = state.anchor_on(self.target.device)
+        return [("draft", lambda _: DepthScores(anchor, self.block_logp(state))),  # pass 1: [D, V]
+                ("tree", lambda scores: self.candidate_tree(scores, policy, budget)),
+                ("draft", lambda cands: (cands, self.path_logp(state, cands))),  # pass 2: [N, V]
+                ("tree", lambda pair: self.reselect(pair[0], pair[1], policy, budget))]
+
+    def capturable(self, policy: TreePolicy) -> bool:
+        # the re-selection is the policy's `select`: the default (top scores) is tensor ops
+        return super().capturable(policy) and type(policy).select is TreePolicy.select
+
+    def candidate_tree(self, scores: DepthScores, policy: TreePolicy, budget: int) -> DraftTree:
+        """Pass 1's tree: the policy's tree over the MASK pass's marginals, of `candidates` nodes."""
+        return policy.build(scores, self.candidates or budget)
+
+    def reselect(self, candidates: DraftTree, node_logp: Tensor, policy: TreePolicy, budget: int) -> DraftTree:
+        """Candidates rescored by pass 2's path-conditioned log-probs, extended, and cut to `budget`."""
+        return policy.select(rescore_tree(candidates, node_logp, self.extend, max_depth=self.block_size), budget)
+
+    def tree_from_scores(self, scores: DepthScores, policy: TreePolicy, budget: int,
+                         state: DraftState | None = None,
+                         path_logp: Callable[[DraftTree], Tensor] | None = None) -> DraftTree:
+        """Both passes' tree. pass 2 runs on the drafter's cache (`state`) unless `path_logp` gives it
+        (the replay evaluator's own context)."""
+        cands = self.candidate_tree(scores, policy, budget)
+        node_logp = path_logp(cands) if path_logp is not None else self.path_logp(state, cands)  # type: ignore[arg-type]
+        return self.reselect(cands, node_logp, policy, budget)

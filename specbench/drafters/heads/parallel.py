@@ -4,12 +4,10 @@ in the attention inside the block: bidirectional (DFlash) vs block-causal (JetSp
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from specbench.drafters import DRAFTERS
-from specbench.drafters.base import DraftState
+from specbench.drafters.base import DraftState, Phase
 from specbench.drafters.heads.drafter import HeadDrafter
 from specbench.trees.base import DepthScores, DraftTree, TreePolicy
 from specbench.verify.sampling import process_logits
@@ -23,11 +21,21 @@ class ParallelHeadDrafter(HeadDrafter):
     law is fixed before its draw); this needs the `chain` policy.
     """
 
-    def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
-        logp = self.block_logp(state)  # [D, V]
+    def phases(self, state: DraftState, policy: TreePolicy, budget: int) -> list[Phase]:
         if state.want_draft_probs:
-            return self.sample_chain(state, policy, logp[:budget])
-        return self.tree_from_scores(state.anchor, logp, policy, budget, lambda tree: self.path_logp(state, tree))
+            return [("draft", lambda _: self.sample_chain(state, policy, self.block_logp(state)[:budget]))]
+        anchor = state.anchor_on(self.target.device)
+        return [("draft", lambda _: DepthScores(anchor, self.block_logp(state))),  # [D, V]
+                ("tree", lambda scores: self.tree_from_scores(scores, policy, budget, state))]
+
+    def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
+        out = None
+        for _, step in self.phases(state, policy, budget):
+            out = step(out)
+        return out
+
+    def capturable(self, policy: TreePolicy) -> bool:
+        return policy.capturable(self.target.device)
 
     def path_logp(self, state: DraftState, tree: DraftTree) -> torch.Tensor:
         """[N, V] log q(next token | context, path to node i): a pass over the tree's own tokens with
@@ -35,11 +43,10 @@ class ParallelHeadDrafter(HeadDrafter):
         is_mask = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
         return self.run_block(state, tree.tokens, is_mask, tree.depth, tree.ancestor_mask)
 
-    def tree_from_scores(self, anchor: int, logp: torch.Tensor, policy: TreePolicy, budget: int,
-                         path_logp: Callable[[DraftTree], torch.Tensor]) -> DraftTree:
-        """The tree for per-depth scores logp [D, V] (the replay evaluator calls this too, with its
-        own `path_logp`)."""
-        return policy.build(DepthScores(anchor, logp), budget)
+    def tree_from_scores(self, scores: DepthScores, policy: TreePolicy, budget: int,
+                         state: DraftState | None = None) -> DraftTree:
+        """The tree for per-depth scores (the replay evaluator calls this too, without a state)."""
+        return policy.build(scores, budget)
 
     def sample_chain(self, state: DraftState, policy: TreePolicy, logp: torch.Tensor) -> DraftTree:
         if policy.name != "chain":

@@ -1,0 +1,144 @@
+"""The target's graphed decode step and tree-verify pass on the GPU, against the bandwidth bound of the
+same run, for each kernel configuration (issue 13's AR baseline).
+
+    python scripts/bench_step.py --shapes smollm2-135m-shape,qwen3-8b-shape --out results.json
+
+For each shape (random weights, bf16): the KV cache is filled to the context with random K/V, then the
+forward of 1 token (an AR step) and of a 65-node tree (budget 64) is captured in a CUDA graph and
+replayed; time = median over replays (CUDA events, after warm-up). Bound = (weight bytes + K/V bytes the
+step reads) / the device-to-device copy bandwidth measured in the same run (bytes read + written).
+Variants: the fused Triton element-wise kernels or the PyTorch reference ops, x the Triton tree-attention
+kernel or SDPA. `--profile` prints the kernel table of the default variant's AR step per shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from specbench.models import load_target
+from specbench.models.graphs import GraphedForward
+from specbench.trees.base import DraftTree
+
+CONTEXT = {"smollm2-135m-shape": 512, "qwen3-8b-shape": 2048}
+VARIANTS = (("fused", "triton"), ("reference", "triton"), ("fused", "sdpa"), ("reference", "sdpa"))
+
+
+def copy_bandwidth(nbytes: int = 4 << 30, repeats: int = 20) -> float:
+    """Bytes per second moved by a device-to-device copy (read + write)."""
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return 2 * nbytes / statistics.median(times)
+
+
+def random_tree(n: int, seed: int) -> DraftTree:
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(max(0, i - 6), i, (1,), generator=g)) for i in range(1, n)]
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    tokens = torch.randint(0, 1000, (n,), generator=g).tolist()
+    return DraftTree.from_lists(tokens, parents, depth, device="cuda")
+
+
+def time_graph(fn, repeats: int) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)  # ms
+
+
+def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool) -> list[dict]:
+    target = load_target(f"random:{shape}", device="cuda", dtype="bfloat16")
+    model, cfg = target.model, target.config
+    context = CONTEXT.get(shape, 1024)
+    cache = target.new_cache(context + 512)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied matrix once
+    kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * context * cfg.head_dim * cache.k.element_size()
+    tree = random_tree(65, 0)
+    rows = []
+    for ops, attention in VARIANTS:
+        model.set_fused(ops == "fused")
+        model.set_attention(attention)
+        graphed = GraphedForward(model, cache, buckets=[1, 65])
+        row = {"shape": shape, "ops": ops, "attention": attention, "context": context,
+               "weight_MB": weight_bytes / 1e6, "kv_MB": kv_bytes / 1e6}
+        for label, n in (("ar", 1), ("verify65", 65)):
+            t = tree if n == 65 else DraftTree.root_only(7, "cuda")
+
+            def step(t=t):  # the forward never moves the lengths: every replay reads the same context
+                graphed(t.tokens[None], (context + t.depth)[None], t.ancestor_mask[None])
+
+            cache.lengths.fill_(context)
+            row[f"{label}_ms"] = time_graph(step, repeats)
+        bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
+        row.update(bound_ms=bound_ms, pct_of_bound=100 * bound_ms / row["ar_ms"], ar_tok_s=1e3 / row["ar_ms"],
+                   verify_over_ar=row["verify65_ms"] / row["ar_ms"])
+        rows.append(row)
+        print(f"{shape:>20} {ops:>9} {attention:>6}: AR {row['ar_ms']:.3f} ms ({row['ar_tok_s']:.0f} tok/s, "
+              f"{row['pct_of_bound']:.0f}% of the {bound_ms:.3f} ms bound), verify(65) {row['verify65_ms']:.3f} ms "
+              f"= {row['verify_over_ar']:.2f}x AR", flush=True)
+        if profile and (ops, attention) == VARIANTS[0]:
+            from torch.profiler import ProfilerActivity, profile as torch_profile
+
+            t = DraftTree.root_only(7, "cuda")
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:  # the eager forward: the graph's kernels
+                for _ in range(10):
+                    model(t.tokens[None], (context + t.depth)[None], cache, t.ancestor_mask[None])
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70))
+        del graphed
+    model.set_fused(True)
+    del target, cache
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="smollm2-135m-shape,qwen3-8b-shape")
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    torch.set_grad_enabled(False)
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
+    rows = []
+    for shape in args.shapes.split(","):
+        rows += bench_shape(shape, bw, args.repeats, args.profile)
+    print("\n| shape | ops | attention | AR ms | tok/s | % of bound | verify(65) ms | verify/AR |\n|---|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['shape']} | {r['ops']} | {r['attention']} | {r['ar_ms']:.3f} | {r['ar_tok_s']:.0f} | "
+              f"{r['pct_of_bound']:.0f} | {r['verify65_ms']:.3f} | {r['verify_over_ar']:.2f} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""What CUDA-graph capture needs, checked on the CPU: from the second round on, every stage the GPU
+round captures (a device drafter's phases, the verify forward, accept, commit with the drafter's
+observe) runs without a host read (`host_reads.no_host_reads`), and the tokens are still AR's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.config import SpecConfig
+from specbench.drafters.eagle3.drafter import Eagle3Drafter
+from specbench.drafters.heads.backbone import DraftHead, HeadConfig
+from specbench.drafters.heads.jetspec_tree import JetSpecTreeDrafter
+from specbench.drafters.heads.parallel import DFlashDrafter, JetSpecDrafter
+from specbench.engine import SpecDecoder
+from specbench.models import load_target
+
+from host_reads import HostRead, no_host_reads
+
+PROMPTS = [[5, 17, 33, 2, 90, 41], [88, 3, 14, 15, 92, 65, 35, 89, 79]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_target("random:tiny-llama@3")
+
+
+def _head_drafter(target, cls, attention: str, clean_next: bool = False):
+    cfg = HeadConfig(drafter=cls.name, taps=(0, 1), num_layers=1, block_size=6, attention=attention,
+                     clean_next=clean_next)
+    return cls(target, head=DraftHead(target.config, cfg).init_weights(target.model, seed=2))
+
+
+def _drafter(target, name: str):
+    if name == "dflash":
+        return _head_drafter(target, DFlashDrafter, "bidirectional")
+    if name == "jetspec":
+        return _head_drafter(target, JetSpecDrafter, "block-causal")
+    if name == "jetspec-tree":
+        return _head_drafter(target, JetSpecTreeDrafter, "block-causal", clean_next=True)
+    if name == "eagle3":
+        return Eagle3Drafter(target, random_init=True, draft_vocab=48, seed=1)
+    return None
+
+
+CASES = [(None, "chain", 1), ("dflash", "ddtree-vec", 12), ("dflash", "chain", 4), ("jetspec", "eagle2", 8),
+         ("jetspec-tree", "ddtree-vec", 8), ("eagle3", "eagle2", 10), ("eagle3", "chain", 4)]
+
+
+@pytest.mark.parametrize("drafter, tree, budget", CASES, ids=[f"{d}/{t}/{b}" for d, t, b in CASES])
+def test_captured_stages_read_nothing_back(tiny, drafter, tree, budget) -> None:
+    ar = SpecDecoder(tiny, SpecConfig(), max_seq_len=128)
+    spec = SpecConfig(drafter=drafter, tree=tree, budget=budget)
+    decoder = SpecDecoder(tiny, spec, max_seq_len=128, drafter=_drafter(tiny, drafter), capture_check=no_host_reads)
+    assert decoder.device_drafting, "this configuration is meant to be capturable"
+    for prompt in PROMPTS:
+        assert decoder.generate(prompt, 24).tokens == ar.generate(prompt, 24).tokens
+
+
+def test_the_checker_catches_a_host_read() -> None:
+    x = torch.arange(4)
+    with no_host_reads(), pytest.raises(HostRead):
+        int(x.sum())
+    with no_host_reads(), pytest.raises(HostRead):
+        x.tolist()
+    with no_host_reads(), pytest.raises(HostRead):
+        torch.tensor([1, 2])
+    with no_host_reads(), pytest.raises(HostRead):
+        x[x > 1]
+    with no_host_reads():
+        (x * 2).sum()  # device work is fine
