@@ -148,6 +148,7 @@ class SpecDecoder:
         self.cache_slots = max_seq_len + 2 * (self.budget + 1)  # room for a lookahead round past the end
         self.cache = target.new_cache(self.cache_slots)
         self.anchor = torch.zeros(1, dtype=torch.long, device=target.device)  # the next tree's root
+        self._root_tree = DraftTree.root_only(self.anchor, target.device)  # AR's tree: the anchor alone, static
         self.clock = RoundClock(is_cuda)
         self._timed_policy = TimedPolicy(self.policy, self.clock)
         if drafter is not None:
@@ -269,7 +270,7 @@ class SpecDecoder:
     def _drafting(self, state: DraftState, static: bool) -> list[Stage]:
         """The drafting stages; a host drafter's tree goes into static buffers when `static`."""
         if self.drafter is None:
-            return [("draft", lambda _: DraftTree.root_only(self.anchor, self.target.device))]
+            return [("draft", lambda _: self._root_tree)]
         if self.device_drafting:
             return self.drafter.phases(state, self.policy, self.spec.budget)
         return [("draft", lambda _: self._host_draft(state, static))]
@@ -308,7 +309,9 @@ class SpecDecoder:
 
     def _verify_forward(self, tree: DraftTree, state: DraftState) -> tuple[DraftTree, ForwardOutput]:
         taps = self.drafter.taps if self.drafter is not None else ()
-        kv_len = None if self.cuda_graphs else state.cache_len + tree.num_nodes  # graphs read the whole cache
+        # off the CPU the whole cache (one shape: capturable, and eager rounds compute exactly what the
+        # graphed ones do); on the CPU only the filled slots
+        kv_len = None if tree.device.type != "cpu" else state.cache_len + tree.num_nodes
         out = self.target.forward(tree.tokens[None], (self.cache.lengths + tree.depth)[None], self.cache,
                                   tree.ancestor_mask[None], taps, kv_len=kv_len)
         return tree, out

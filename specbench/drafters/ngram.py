@@ -3,8 +3,6 @@ propose what followed. Several matches make a trie; the tree policy selects from
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -53,15 +51,31 @@ class NgramDrafter(Drafter):
                                    self.max_matches, budget)
         if not conts:
             return DraftTree.root_only(state.anchor)
-        trie = DraftTree.from_paths(state.anchor, [c.tolist() for c in conts], device="cpu")
-        # count matches through each node: walk every continuation's path in the trie
-        counts = [0] * trie.num_nodes
-        counts[0] = len(conts)
-        child = {(p, t): i for i, (p, t) in enumerate(zip(trie.host[1], trie.host[0])) if p >= 0}
-        for c in conts:
-            node = 0
-            for tok in c.tolist():
-                node = child[(node, tok)]
-                counts[node] += 1
-        trie.scores = torch.tensor([math.log(k / len(conts)) for k in counts], dtype=torch.float64)
-        return policy.select(trie, budget)  # on the host: the engine moves it (into static buffers on the GPU)
+        return policy.select(match_trie(state.anchor, conts), budget)  # on the host: the engine moves it
+
+
+def match_trie(anchor: int, conts: list[np.ndarray]) -> DraftTree:
+    """The trie of the continuations (shared prefixes merged; nodes in `DraftTree.from_paths` order) on
+    the host, each node scored log(fraction of the continuations through it), in array ops over
+    [M, M, L] (M matches of up to L tokens; no Python loop per node: drafting sits on the GPU round's
+    critical path)."""
+    m, length = len(conts), max(c.size for c in conts)
+    table = np.full((m, length), -1, dtype=np.int64)
+    valid = np.zeros((m, length), dtype=bool)
+    for i, c in enumerate(conts):
+        table[i, : c.size], valid[i, : c.size] = c, True
+    both = valid[:, None, :] & valid[None, :, :]
+    same = np.logical_and.accumulate((table[:, None, :] == table[None, :, :]) & both, axis=2)  # [M, M, L]: prefixes equal
+    earlier = np.tril(np.ones((m, m), dtype=bool), -1)[:, :, None]
+    is_node = valid & ~(same & earlier).any(axis=1)  # [M, L]: the first continuation with this prefix owns it
+    node_id = np.zeros((m, length), dtype=np.int64)
+    node_id[is_node] = np.arange(1, int(is_node.sum()) + 1)  # row-major: path by path, depth by depth
+    owner = node_id[same.argmax(axis=1), np.arange(length)]  # [M, L]: node of each continuation's prefix
+    parent = np.concatenate([np.zeros((m, 1), dtype=np.int64), owner[:, :-1]], axis=1)
+    counts = same.sum(axis=1)  # [M, L]: continuations through the prefix
+    depth = np.broadcast_to(np.arange(1, length + 1), (m, length))
+    scores = np.concatenate([[0.0], np.log(counts[is_node] / m)])
+    return DraftTree(tokens=torch.from_numpy(np.concatenate([[anchor], table[is_node]])),
+                     parents=torch.from_numpy(np.concatenate([[-1], parent[is_node]])),
+                     depth=torch.from_numpy(np.concatenate([[0], depth[is_node]])),
+                     scores=torch.from_numpy(scores))

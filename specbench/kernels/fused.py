@@ -78,7 +78,7 @@ def _load_head(ptr, d, rot, W, eps, HAS_NORM: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _rope(x, xr, d, cos, sin, half: tl.constexpr):
+def _rope(x, xr, d, cos, sin, half):
     """rotate-half RoPE with the reference's roundings: rotated = [-x2, x1]; x*cos and rotated*sin each
     rounded, then their sum."""
     rotated = tl.where(d < half, -xr.to(tl.float32), xr.to(tl.float32)).to(x.dtype)
@@ -96,7 +96,7 @@ def _qkv_rope_kernel(QKV, Cos, Sin, QW, KW, Q, KC, VC, Slots,
     row = tl.program_id(0).to(tl.int64)  # token row b * N + i
     head = tl.program_id(1)  # 0..H-1: q heads; H..H+HKV-1: k heads, each with its v head
     b = row // N
-    half: tl.constexpr = D // 2
+    half = D // 2
     d = tl.arange(0, D)
     rot = tl.where(d < half, d + half, d - half)
     cos = tl.load(Cos + row * stride_cs_row + d)

@@ -201,7 +201,8 @@ class AttentionConfig:
 def plan_attention(batch: int, kv_heads: int, group: int, n: int, context_hint: int, device: torch.device,
                    dtype: torch.dtype = torch.bfloat16) -> AttentionConfig:
     """Explicit launch configs by (dtype, rows = group x N); split the prefix until ~2 programs per SM,
-    with at least 4 key tiles per split (each split also costs a partial output write + read)."""
+    with at least one key tile per split (a decode step of a few heads is latency-bound: the more
+    programs stream the prefix at once, the sooner it is read)."""
     rows = group * n
     if dtype == torch.float32:  # exact fp32 dots run on FMA units: small tiles keep compile time low
         block_m, block_s, warps, stages = 16, 32, 4, 1
@@ -213,7 +214,7 @@ def plan_attention(batch: int, kv_heads: int, group: int, n: int, context_hint: 
         block_m, block_s, warps, stages = 128, 64, 8, 3
     base = batch * kv_heads * triton.cdiv(rows, block_m)
     want = triton.cdiv(2 * num_sms(device), base)
-    splits = max(1, min(want, context_hint // (4 * block_s), 64))
+    splits = max(1, min(want, context_hint // block_s, 64))  # at least one key tile per split
     return AttentionConfig(block_m, block_s, warps, stages, splits)
 
 

@@ -28,14 +28,17 @@ class DDTreePolicy(TreePolicy):
 
     name = "ddtree"
 
+    def __init__(self) -> None:
+        from specbench.trees.ddtree_vec import DDTreeVecPolicy
+
+        self._device_builder = DDTreeVecPolicy()
+
     def capturable(self, device: torch.device) -> bool:
         return device.type != "cpu"
 
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
         if scores.logp.device.type != "cpu":
-            from specbench.trees.ddtree_vec import DDTreeVecPolicy
-
-            return DDTreeVecPolicy().build(scores, budget)
+            return self._device_builder.build(scores, budget)
         budget = check_budget(budget)
         depth = min(scores.check().depth, budget)
         device = scores.logp.device

@@ -80,9 +80,13 @@ def build_top_b(anchor: Anchor, tokens: Tensor, logp: Tensor, budget: int) -> Dr
 
 @TREE_POLICIES.register("ddtree-vec")
 class DDTreeVecPolicy(TreePolicy):
-    """`ddtree`'s exact tree from tensor ops on the scores' device (GPU-friendly, sync-free)."""
+    """`ddtree`'s exact tree from tensor ops on the scores' device (GPU-friendly, sync-free). On CUDA
+    the build is one Triton program (`specbench.kernels.top_b_tree`, tested equal to `build_top_b`)."""
 
     name = "ddtree-vec"
+
+    def __init__(self) -> None:
+        self._kernels: dict[tuple[int, int, torch.device], object] = {}  # (budget, width, device) -> TopBTree
 
     def capturable(self, device: torch.device) -> bool:
         return True
@@ -91,6 +95,20 @@ class DDTreeVecPolicy(TreePolicy):
         budget = check_budget(budget)
         depth = min(scores.check().depth, budget)
         if depth == 0:
-            return DraftTree.from_lists([scores.anchor], [-1], [0], [0.0], scores.logp.device)
+            root = DraftTree.root_only(scores.anchor, scores.logp.device)
+            root.scores = torch.zeros(1, device=scores.logp.device)
+            return root
         tokens, logp = DepthScores(scores.anchor, scores.logp[:depth]).topk(min(budget, scores.vocab_size))
+        if logp.is_cuda:
+            return self._kernel_build(scores.anchor, tokens, logp, budget)
         return build_top_b(scores.anchor, tokens, logp, budget)
+
+    def _kernel_build(self, anchor: Anchor, tokens: Tensor, logp: Tensor, budget: int) -> DraftTree:
+        from specbench.kernels.top_b_tree import TopBTree
+
+        key = (budget, logp.shape[1], logp.device)
+        if key not in self._kernels:
+            self._kernels[key] = TopBTree(budget, logp.shape[1], logp.device)
+        kernel = self._kernels[key]
+        tok, par, dep, score = kernel(anchor_tensor(anchor, logp.device), tokens, logp)  # type: ignore[operator]
+        return DraftTree(tokens=tok, parents=par, depth=dep, scores=score, depth_bound=logp.shape[0])

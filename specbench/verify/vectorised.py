@@ -40,11 +40,11 @@ def accept_packed(tree: DraftTree, picks: Tensor, use_kernel: bool | None = None
     has_parent = tree.parents >= 0
     match = (ids == 0) | (has_parent & (tree.tokens == picks[tree.parents.clamp(min=0)]) & first_of_token(tree))
     on_path = ~(tree.ancestor_mask & ~match[None, :]).any(dim=-1)  # [N]: every ancestor matched
-    deepest = torch.where(on_path, tree.depth, -1).argmax()
-    along = tree.ancestor_mask[deepest]  # [N]: the accepted path's nodes
+    deepest = torch.where(on_path, tree.depth, -1).argmax().view(1)  # [1]: a 0-d index would be read back
+    along = tree.ancestor_mask[deepest][0]  # [N]: the accepted path's nodes
     path = torch.full((n + 1,), -1, dtype=torch.long, device=tree.device)
     path.scatter_(0, torch.where(along, tree.depth, n), ids)  # node at depth d -> slot d; others -> slot n
-    return torch.cat([along.sum().view(1), picks[deepest].view(1), path[:n]])
+    return torch.cat([along.sum().view(1), picks[deepest], path[:n]])
 
 
 def walk_batched(tree: DraftTree, picks: Tensor, use_kernel: bool | None = None) -> VerifyResult:

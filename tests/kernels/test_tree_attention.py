@@ -119,8 +119,8 @@ def test_row_that_sees_nothing_is_zero(device) -> None:
     mask[2] = False  # query 2 sees no key: no prefix, empty mask row
     got = context_attention(q, kv[0], kv[1], torch.zeros(1, dtype=torch.long, device=device), kv[2], kv[3],
                             pack_tree_mask(mask[None]).to(device), 0.125)
-    ref = context_attention_reference(q, kv[0], kv[1], torch.zeros(1, dtype=torch.long), kv[2], kv[3],
-                                      pack_tree_mask(mask[None]), 0.125)
+    ref = context_attention_reference(q, kv[0], kv[1], torch.zeros(1, dtype=torch.long, device=device), kv[2], kv[3],
+                                      pack_tree_mask(mask[None]).to(device), 0.125)
     assert torch.isfinite(got).all() and float(got[0, :, 2].abs().max()) == 0.0
     assert rel_err(got, ref) <= TOL[torch.float32]
 

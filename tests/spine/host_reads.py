@@ -34,16 +34,36 @@ class _NoHostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _scalar_tensor_index(index: object) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dim() == 0 and not i.is_floating_point() and i.dtype != torch.bool
+               for i in items)
+
+
 @contextmanager
 def no_host_reads() -> Iterator[None]:
-    original = torch.Tensor.tolist
+    """Fail on host reads (see the module docstring); `Tensor.tolist` and indexing with a 0-d integer
+    tensor (which PyTorch turns into a Python int) are caught by wrapping them for the duration."""
+    tolist, getitem, setitem = torch.Tensor.tolist, torch.Tensor.__getitem__, torch.Tensor.__setitem__
 
-    def tolist(self: torch.Tensor):  # type: ignore[no-untyped-def]
+    def no_tolist(self: torch.Tensor):  # type: ignore[no-untyped-def]
         raise HostRead("Tensor.tolist() reads the device back")
 
-    torch.Tensor.tolist = tolist  # type: ignore[method-assign]
+    def checked_getitem(self: torch.Tensor, index):  # type: ignore[no-untyped-def]
+        if _scalar_tensor_index(index):
+            raise HostRead("indexing with a 0-d tensor reads it back as a Python int")
+        return getitem(self, index)
+
+    def checked_setitem(self: torch.Tensor, index, value):  # type: ignore[no-untyped-def]
+        if _scalar_tensor_index(index):
+            raise HostRead("indexing with a 0-d tensor reads it back as a Python int")
+        return setitem(self, index, value)
+
+    torch.Tensor.tolist = no_tolist  # type: ignore[method-assign]
+    torch.Tensor.__getitem__ = checked_getitem  # type: ignore[method-assign]
+    torch.Tensor.__setitem__ = checked_setitem  # type: ignore[method-assign]
     try:
         with _NoHostReads():
             yield
     finally:
-        torch.Tensor.tolist = original  # type: ignore[method-assign]
+        torch.Tensor.tolist, torch.Tensor.__getitem__, torch.Tensor.__setitem__ = tolist, getitem, setitem  # type: ignore[method-assign]

@@ -67,5 +67,8 @@ def test_the_checker_catches_a_host_read() -> None:
         torch.tensor([1, 2])
     with no_host_reads(), pytest.raises(HostRead):
         x[x > 1]
+    with no_host_reads(), pytest.raises(HostRead):
+        x[x.argmax()]  # a 0-d index tensor becomes a Python int
     with no_host_reads():
         (x * 2).sum()  # device work is fine
+        x[x.argmax().view(1)]

@@ -194,7 +194,7 @@ class Eagle3Drafter(Drafter):
         return rows, self._logp(h)
 
     def _logp(self, hidden: Tensor) -> Tensor:
-        return F.log_softmax(self.head.logits(hidden).float(), dim=-1)
+        return F.log_softmax(self.head.logits(hidden, self.target.model.ops).float(), dim=-1)
 
     def to_target_logp(self, logp: Tensor) -> Tensor:
         """Draft-vocabulary log-probs [..., K] -> target-vocabulary log-probs [..., V] (-inf outside)."""
@@ -235,14 +235,15 @@ class Eagle3Drafter(Drafter):
                 probs.append(q.new_zeros(self.target.config.vocab_size).index_copy_(0, d2t, q))
             else:
                 index = logp.argmax()
+            index = index.view(1)  # a [1] index: a 0-d tensor index would be read back to the host
             tokens.append(d2t[index])
             picked.append(logp[index])
             if depth < budget:
                 depth_t = torch.full((1,), depth, dtype=torch.long, device=dev)
-                parent, child_logp = self.run_nodes(d2t[index].view(1), parent, depth_t)
+                parent, child_logp = self.run_nodes(d2t[index], parent, depth_t)
                 logp = child_logp[0]
-        tree = DraftTree.chain(anchor, torch.stack(tokens), torch.stack(probs) if probs else None, device=dev)
-        tree.scores = torch.cat([logp.new_zeros(1), torch.cumsum(torch.stack(picked), 0)])
+        tree = DraftTree.chain(anchor, torch.cat(tokens), torch.stack(probs) if probs else None, device=dev)
+        tree.scores = torch.cat([logp.new_zeros(1), torch.cumsum(torch.cat(picked), 0)])
         return tree
 
 

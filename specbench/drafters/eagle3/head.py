@@ -23,6 +23,10 @@ from specbench.models.decoder import (MLP, REFERENCE_OPS, Attention, AttentionFn
                                       rope_inv_freq)
 
 
+def _norm(ops: LayerOps, norm: RMSNorm, x: Tensor) -> Tensor:
+    return ops.norm(x, norm.weight, norm.eps, None)[0]
+
+
 def eagle3_feature_layers(num_layers: int) -> tuple[int, int, int]:
     """Target taps (low, mid, high) = outputs of layers 1, L//2 - 1, L - 4 = inputs of layers 2, L//2,
     L - 3. Clamped into [0, L - 1] so tiny test targets (L < 5) still get three features."""
@@ -141,10 +145,11 @@ class Eagle3Head(nn.Module):
         dtype = self.fc.weight.dtype
         embeds, hidden = embeds.to(dtype), hidden.to(dtype)
         cos, sin = self.rope(positions)
-        x = torch.cat([self.embed_norm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, N, 2d]
-        h = hidden + self.attn(x, cos, sin, k_cache, v_cache, slots, meta, attend, ops)  # type: ignore[arg-type]
-        return h + self.mlp(self.mlp_norm(h), ops)
+        x = torch.cat([_norm(ops, self.embed_norm, embeds), _norm(ops, self.hidden_norm, hidden)], dim=-1)  # [B, N, 2d]
+        a = self.attn(x, cos, sin, k_cache, v_cache, slots, meta, attend, ops)  # type: ignore[arg-type]
+        normed, h = ops.norm(hidden, self.mlp_norm.weight, self.mlp_norm.eps, a)  # h = hidden + attention
+        return h + self.mlp(normed, ops)
 
-    def logits(self, hidden: Tensor) -> Tensor:
+    def logits(self, hidden: Tensor, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """[..., d] -> draft-vocabulary logits [..., K]."""
-        return self.lm_head(self.norm(hidden))
+        return self.lm_head(_norm(ops, self.norm, hidden))

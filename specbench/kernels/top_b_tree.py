@@ -1,0 +1,151 @@
+"""The top-B draft tree (DDTree's optimal tree over per-depth scores) in one Triton program.
+
+The tensor-op builder (`specbench.trees.ddtree_vec.build_top_b`, the reference: tests check that both
+return identical trees) launches ~10 small kernels per depth; on a launch-bound GPU round that costs
+more than the head pass it builds from. Here one program keeps every step on chip:
+
+  beam(0) = [the root, score 0]
+  for depth d: candidates = pairs (beam place i, rank r) with (i+1)(r+1) <= B (no other child can be
+               among the best B), score = beam[i] + lp[d, r]; beam(d) = the best min(B, #pairs), by
+               (score desc, (place, rank) asc), via one sort of packed int64 keys
+  tree = the best B entries of all beams by (score desc, depth asc, place asc), in that order; a
+         node's parent is the tree position of its beam parent.
+
+Inputs: lp, tokens [D, K] ranked per depth (log-probs float32, clamped at 0; K = min(B, V)), the
+anchor [1] (device), B. The candidate pairs' (place, rank) table depends only on B (`pair_table`).
+Scratch per depth lives in global memory (one program, barriers between writes and reads).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from specbench.kernels.device import require_kernel_device
+
+LOW32 = 0xFFFFFFFF
+
+
+@triton.jit
+def _order_key(score, idx):
+    """int64 key whose descending order is (score desc, idx asc); score float32, idx int32 >= 0."""
+    bits = (score + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 sorts as +0.0
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (0xFFFFFFFF - idx.to(tl.int64))
+
+
+@triton.jit
+def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, CandScore, BeamScore, BeamParent, BeamRank,
+                       BeamCount, NodeOf, OutTok, OutPar, OutDep, OutScore,
+                       D, K, M, NODES, stride_lp, stride_tok,
+                       B: tl.constexpr, M_PAD: tl.constexpr, T_PAD: tl.constexpr):
+    m = tl.arange(0, M_PAD)
+    pair_ok = m < M
+    place = tl.load(PairPlace + m, mask=pair_ok, other=0)
+    rank = tl.load(PairRank + m, mask=pair_ok, other=0)
+    lowest = tl.full([M_PAD], -9223372036854775808, tl.int64)
+    beam_size = 1  # the root
+    for d in range(0, D):
+        valid = pair_ok & (place < beam_size) & (rank < K)
+        prev = tl.load(BeamScore + (d - 1) * B + place, mask=valid & (d > 0), other=0.0)  # the root scores 0
+        lp = tl.load(LP + d * stride_lp + rank, mask=valid, other=0.0)
+        cand = prev + lp  # float32, as the reference adds
+        best = tl.sort(tl.where(valid, _order_key(cand, m), lowest), 0, descending=True)  # [M_PAD]
+        idx = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(tl.int32)  # candidate index, in beam order
+        count = tl.minimum(tl.sum(valid.to(tl.int32), 0), B)
+        tl.store(CandScore + m, cand, mask=pair_ok)  # gathered back by index through global memory
+        tl.debug_barrier()
+        first = m < count
+        src = tl.where(first, idx, 0)
+        tl.store(BeamScore + d * B + m, tl.load(CandScore + src, mask=first, other=0.0, volatile=True), mask=first)
+        tl.store(BeamParent + d * B + m, tl.load(PairPlace + src, mask=first, other=0), mask=first)
+        tl.store(BeamRank + d * B + m, tl.load(PairRank + src, mask=first, other=0), mask=first)
+        tl.store(BeamCount + d, count)
+        tl.debug_barrier()
+        beam_size = count
+    # the best NODES of all beams: (score desc, depth asc, place asc) = entry index d * B + place asc
+    t = tl.arange(0, T_PAD)
+    entry_d = t // B
+    entry_place = t % B
+    in_range = t < D * B
+    count_d = tl.load(BeamCount + entry_d, mask=in_range, other=0, volatile=True)
+    used = in_range & (entry_place < count_d)
+    escore = tl.load(BeamScore + t, mask=used, other=0.0, volatile=True)
+    best = tl.sort(tl.where(used, _order_key(escore, t), tl.full([T_PAD], -9223372036854775808, tl.int64)), 0,
+                   descending=True)
+    chosen = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(tl.int32)  # [T_PAD] entry index, in tree order
+    take = t < NODES
+    tl.store(NodeOf + chosen, t + 1, mask=take)  # entry -> node id (the root is node 0)
+    tl.debug_barrier()
+    cd = chosen // B
+    parent_place = tl.load(BeamParent + chosen, mask=take, other=0)
+    parent_node = tl.load(NodeOf + (cd - 1) * B + parent_place, mask=take & (cd > 0), other=0, volatile=True)
+    r = tl.load(BeamRank + chosen, mask=take, other=0)
+    tl.store(OutTok + 1 + t, tl.load(Tok + cd * stride_tok + r, mask=take, other=0), mask=take)
+    tl.store(OutPar + 1 + t, parent_node.to(tl.int64), mask=take)
+    tl.store(OutDep + 1 + t, (cd + 1).to(tl.int64), mask=take)
+    tl.store(OutScore + 1 + t, tl.load(BeamScore + chosen, mask=take, other=0.0), mask=take)
+    tl.store(OutTok, tl.load(Anchor))
+    tl.store(OutPar, -1)
+    tl.store(OutDep, 0)
+    tl.store(OutScore, 0.0)
+
+
+def pair_table(budget: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(place, rank) of every pair with (place+1)(rank+1) <= budget and rank < width, lexicographic."""
+    places, ranks = [], []
+    for i in range(budget):
+        r = min(width, budget // (i + 1))
+        places.append(np.full(r, i))
+        ranks.append(np.arange(r))
+    return np.concatenate(places), np.concatenate(ranks)
+
+
+def tree_size(depth: int, width: int, budget: int) -> int:
+    """Nodes below the root of the top-`budget` tree over a [depth, width] table (shapes only)."""
+    total, beam = 0, 1
+    for _ in range(depth):
+        pairs = sum(min(width, budget // (i + 1)) for i in range(beam))
+        beam = min(budget, pairs)
+        total += beam
+    return min(budget, total)
+
+
+class TopBTree:
+    """The kernel with its pair table and scratch allocated once per (budget, width, device)."""
+
+    def __init__(self, budget: int, width: int, device: torch.device) -> None:
+        if budget < 1 or width < 1:
+            raise ValueError(f"budget and width must be >= 1, got {budget}, {width}")
+        self.budget, self.width = budget, min(width, budget)
+        place, rank = pair_table(budget, self.width)
+        self.place = torch.from_numpy(place).to(device=device, dtype=torch.int32)
+        self.rank = torch.from_numpy(rank).to(device=device, dtype=torch.int32)
+        self.m_pad = triton.next_power_of_2(max(len(place), 2))
+
+    def __call__(self, anchor: Tensor, tokens: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """anchor [1], tokens/logp [D, K] -> (tokens, parents, depth [N] int64, scores [N] float32)."""
+        require_kernel_device(logp)
+        depth, width = logp.shape
+        if width > self.width or tokens.shape != logp.shape or depth < 1:
+            raise ValueError(f"the table must be [D >= 1, <= {self.width}], got {tuple(logp.shape)} and {tuple(tokens.shape)}")
+        lp = logp.float().clamp(max=0.0).contiguous()
+        tok = tokens.contiguous()
+        dev, b = logp.device, self.budget
+        i32 = dict(dtype=torch.int32, device=dev)
+        cand = torch.empty(self.m_pad, dtype=torch.float32, device=dev)
+        beam_score = torch.empty(depth * b, dtype=torch.float32, device=dev)
+        beam_parent, beam_rank = torch.empty(depth * b, **i32), torch.empty(depth * b, **i32)
+        beam_count, node_of = torch.empty(depth, **i32), torch.empty(depth * b, **i32)
+        nodes = tree_size(depth, width, b)
+        out_tok, out_par, out_dep = (torch.empty(1 + nodes, dtype=torch.long, device=dev) for _ in range(3))
+        out_score = torch.empty(1 + nodes, dtype=torch.float32, device=dev)
+        t_pad = triton.next_power_of_2(max(depth * b, 2))
+        _top_b_tree_kernel[(1,)](lp, tok, anchor, self.place, self.rank, cand, beam_score, beam_parent, beam_rank,
+                                 beam_count, node_of, out_tok, out_par, out_dep, out_score,
+                                 depth, width, self.place.numel(), nodes, lp.stride(0), tok.stride(0),
+                                 B=b, M_PAD=self.m_pad, T_PAD=t_pad, num_warps=4 if t_pad <= 1024 else 8)
+        return out_tok, out_par, out_dep, out_score
