@@ -5,8 +5,9 @@ files of 16 MiB, 64 MiB in all, per call, and takes 64 MiB in, working tree incl
         tar PATHs (relative to --base, default the working directory) and cut the tar into parts of at most
         --chunk-mib under SPOOL/NAME/, with NAME.manifest.json (sha256 of the whole and of every part)
     python scripts/bundle.py send --spool SPOOL --to $OUT [--max-files 8] [--max-mib 60]
-        move the next parts that fit (each with a copy of its manifest) from SPOOL to --to; rerun in the
-        next call for the rest (the spool stays on that machine within a session)
+        move the next parts that fit (each with a copy of its manifest) from SPOOL to --to, counting what
+        --to already holds against the limits; rerun in the next call for the rest (the spool stays on
+        that machine within a session)
     python scripts/bundle.py unpack SRC [SRC ...] --to DEST [--parts PARTS_DIR]
         gather parts and manifests from the SRC folders (copied into PARTS_DIR, default DEST/.parts, so
         parts staged over several calls accumulate), and extract every bundle whose parts are all there
@@ -71,9 +72,12 @@ def pack(name: str, paths: list[str], spool: Path, base: Path, chunk_mib: float)
 
 
 def send(spool: Path, to: Path, max_files: int, max_mib: float) -> int:
-    """Move parts (oldest bundle first) while the file count and size fit; returns the parts left."""
+    """Move parts (oldest bundle first) while the file count and size (of --to, what it already holds
+    included) fit; returns the parts left."""
     to.mkdir(parents=True, exist_ok=True)
-    files, size = 0, 0
+    present = [f for f in to.rglob("*") if f.is_file()]
+    files, size = len(present), sum(f.stat().st_size for f in present)
+    start_files, start_size = files, size
     left = 0
     for mpath in sorted(spool.glob(f"*/*{MANIFEST}"), key=lambda p: p.stat().st_mtime):
         manifest = json.loads(mpath.read_text())
@@ -92,7 +96,8 @@ def send(spool: Path, to: Path, max_files: int, max_mib: float) -> int:
             files, size = files + 1, size + p["bytes"]
         if not any((mpath.parent / p["file"]).is_file() for p in manifest["parts"]):
             shutil.rmtree(mpath.parent)
-    print(f"bundle: sent {files} file(s), {size / 2**20:.1f} MiB to {to}; {left} part(s) still in {spool}")
+    print(f"bundle: sent {files - start_files} file(s), {(size - start_size) / 2**20:.1f} MiB to {to}; "
+          f"{left} part(s) still in {spool}")
     return left
 
 

@@ -93,6 +93,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     h.add_argument("--grid", action="append", metavar="[LABEL:]KEY=V1,V2",
                    help="ablation: one more head per value beside each head (or only LABEL), e.g. num_layers=2,3")
     h.add_argument("--no-int8", action="store_true", help="store exported heads in fp32 instead of int8")
+    h.add_argument("--no-tf32", action="store_true", help="on CUDA, keep the heads' fp32 matmuls off TF32 tensor cores")
     v = p.add_argument_group("validation, snapshots, checkpoints")
     v.add_argument("--val-every", type=int, default=200, help="steps between validation losses (0 = none)")
     v.add_argument("--val-tau-every", type=int, default=1000, help="steps between validation tau by replay (0 = none)")
@@ -260,6 +261,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = parse_head_args(args.head_arg, list(labels))
     labels, settings = expand_grid(labels, settings, args.grid)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.device.startswith("cuda") and not args.no_tf32:  # the heads' fp32 matmuls on TF32 tensor cores
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     target = load_target(args.target, device=args.device, dtype=dtype)
     objectives = build_objectives(target, labels, settings)  # fail on bad settings before reading data
     out = Path(args.out)
