@@ -12,7 +12,9 @@ each prompt finishes: rerun the same command to resume. Prompts are taken round-
 datasets, so a partial run covers every dataset.
 
 Heads load from specbench/heads/<drafter>-<target>/ (or --heads-dir DIR/<drafter>/); a drafter without
-a head is skipped with a message.
+a head is skipped with a message. `--heads LABEL=DIR,...` replaces them with any trained head directories
+(snapshots, ablation heads): each is replayed under its drafter's trees (from its config.json) and its rows
+carry LABEL as `drafter` (and the drafter's name as `kind`); ngram and self are added with --baselines.
 """
 
 from __future__ import annotations
@@ -31,13 +33,41 @@ HEAD_CONFIGS = [("dflash", "chain"), ("dflash", "ddtree"), ("jetspec", "accum-lo
                 ("jetspec-tree", "ddtree")]
 
 
+def parse_heads(text: str | None) -> dict[str, Path]:
+    """"a=DIR1,b=DIR2" -> {label: dir}."""
+    out: dict[str, Path] = {}
+    for item in (x for x in (text or "").split(",") if x.strip()):
+        label, sep, directory = item.partition("=")
+        if not sep or not label.strip():
+            raise SystemExit(f"tau_table: --heads takes LABEL=DIR entries, got {item!r}")
+        out[label.strip()] = Path(directory.strip())
+    return out
+
+
+def head_kind(directory: Path) -> str:
+    """The drafter a trained head directory is for (its config.json)."""
+    config = directory / "config.json"
+    if not config.is_file():
+        raise SystemExit(f"tau_table: {str(directory)!r} is not a head directory (no config.json)")
+    return json.loads(config.read_text())["head"]["drafter"]
+
+
 def configurations(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     budgets = [int(b) for b in args.budgets.split(",")]
+    trees = set(args.trees.split(",")) if args.trees else None
+    heads = parse_heads(args.heads)
+    if heads:
+        out = [(label, tree, b) for label, d in heads.items() for kind, tree in HEAD_CONFIGS + [("eagle3", "eagle2")]
+               if kind == head_kind(d) for b in budgets]
+        out = [c for c in out if trees is None or c[1] in trees]
+        if not args.baselines:
+            return out
+        return out + [("ngram", "ddtree", b) for b in budgets] + [("self", "chain", int(b)) for b in args.self_budgets.split(",") if b]
     out = [(d, tree, b) for d, tree in HEAD_CONFIGS for b in budgets]
     out += [("ngram", "ddtree", b) for b in budgets]
     out += [("self", "chain", b) for b in [int(x) for x in args.self_budgets.split(",") if x]]
     out += [("eagle3", "eagle2", b) for b in budgets]
-    return out
+    return [c for c in out if trees is None or c[1] in trees]
 
 
 def load_drafters(target, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -52,7 +82,12 @@ def load_drafters(target, args: argparse.Namespace) -> dict[str, object]:  # typ
         except ImportError as exc:
             print(f"tau_table: cannot import {module}: {exc}", file=sys.stderr)
     drafters = {}
-    for name in ("dflash", "jetspec", "jetspec-tree", "eagle3"):
+    heads = parse_heads(args.heads)
+    for label, directory in heads.items():
+        drafters[label] = DRAFTERS.build(head_kind(directory), target, checkpoint=str(directory))
+    if heads and not args.baselines:
+        return drafters
+    for name in ("dflash", "jetspec", "jetspec-tree", "eagle3") if not heads else ():
         kwargs = {"checkpoint": str(Path(args.heads_dir) / name)} if args.heads_dir else {}
         try:
             drafters[name] = DRAFTERS.build(name, target, **kwargs)
@@ -162,6 +197,9 @@ def main() -> int:
     p.add_argument("--self-layers", type=int, default=None, help="layers of the self drafter (default: half)")
     p.add_argument("--heads-dir", default=None, help="DIR with <drafter>/ head checkpoints instead of the shipped heads")
     p.add_argument("--drafters", default=None, help="only these drafters (comma-separated)")
+    p.add_argument("--heads", default=None, help="LABEL=DIR,... trained head directories instead of the shipped heads")
+    p.add_argument("--baselines", action="store_true", help="with --heads: add ngram and self")
+    p.add_argument("--trees", default=None, help="only these tree policies (comma-separated), e.g. ddtree,eagle2")
     p.add_argument("--ref-batch", type=int, default=1,
                    help="prompts whose greedy continuations are generated together (1 = exactly the engine's AR "
                         "numerics; larger is faster on a GPU)")
@@ -233,7 +271,8 @@ def main() -> int:
                     if isinstance(drafter, ParallelHeadDrafter) and d not in proposals:
                         proposals[d] = HeadProposals(drafter, ref, top_k=top_k)
                     res = replay(drafter, ref, policies[tree], budget, args.max_new_tokens, proposals=proposals.get(d))
-                    row = {"dataset": ds, "id": pid, "drafter": d, "tree": tree, "budget": budget, "tau": res.tau,
+                    row = {"dataset": ds, "id": pid, "drafter": d, "kind": getattr(drafter, "name", d), "tree": tree,
+                           "budget": budget, "tau": res.tau,
                            "rounds": len(res.accepted), "new_tokens": len(res.output), "prompt_len": len(ids),
                            "tf_mismatch": ref.tf_mismatch, "ref_exhausted": res.ref_exhausted,
                            "time_s": round(time.monotonic() - t1, 3), "ref_time_s": round(t_ref, 3),

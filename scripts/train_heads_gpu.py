@@ -73,7 +73,7 @@ def preflight(trainer, start: float) -> None:  # type: ignore[no-untyped-def]
     from specbench.train.trainer import SequenceBatches, target_batch
 
     cfg, target = trainer.config, trainer.target
-    data = SequenceBatches(trainer.data.sequences, cfg.batch_size, cfg.max_len, cfg.seed + 1)
+    data = SequenceBatches(trainer.store, cfg.batch_size, cfg.max_len, cfg.seed + 1)
     tokens, valid, loss_mask = data.collate(data.next(), target.device)
     batch = target_batch(target, tokens, valid, loss_mask, trainer.taps)
     for name in list(trainer.objectives):

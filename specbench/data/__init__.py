@@ -28,7 +28,7 @@ DATASETS.register("builtin", "specbench.data.benchmarks:builtin")
 from specbench.data.base import DATA_ENV, DataError, Prompt, Turn, resolve_data_dir  # noqa: E402
 from specbench.data.chat import turn_prompt_ids  # noqa: E402
 from specbench.data.jsonl import load_jsonl_dataset  # noqa: E402
-from specbench.data.training import TRAINING_SETS, training_prompts  # noqa: E402
+from specbench.data.training import TRAINING_SETS, training_items, training_prompts  # noqa: E402
 
 JSONL_PREFIX = "jsonl:"
 
@@ -53,4 +53,4 @@ def load_dataset(name: str, data_dir: str | Path | None = None, n: int | None = 
 
 
 __all__ = ["DATASETS", "DATA_ENV", "DataError", "Prompt", "Turn", "TRAINING_SETS", "load_dataset",
-           "load_jsonl_dataset", "resolve_data_dir", "training_prompts", "turn_prompt_ids"]
+           "load_jsonl_dataset", "resolve_data_dir", "training_items", "training_prompts", "turn_prompt_ids"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -19,17 +18,10 @@ import torch
 
 from specbench.engine import generate_batch
 from specbench.models.target import TargetModel
+from specbench.train.sequences import TrainingSequence
 
 META_FILE = "regen_meta.json"
 DATA_FILE = "sequences.jsonl"
-
-
-@dataclass
-class TrainingSequence:
-    """One training sequence: the prompt's ids and the target's response ids (EOS included if reached)."""
-
-    prompt: list[int]
-    response: list[int]
 
 
 def training_prompt_ids(target: TargetModel, data_dir: str | Path | None, sets: Sequence[str], *,

@@ -22,7 +22,7 @@ def test_train_exports_heads_and_resumes(tmp_path, capsys) -> None:
     assert main(ARGS + ["--out", str(tmp_path), "--steps", "2"]) == 0
     assert (tmp_path / "heads" / "dflash" / "head.safetensors").is_file()
     DFlashDrafter(load_target("random:tiny-llama"), checkpoint=str(tmp_path / "heads" / "dflash"))
-    assert main(ARGS + ["--out", str(tmp_path), "--steps", "3"]) == 0
+    assert main(ARGS + ["--out", str(tmp_path), "--steps", "3", "--reschedule"]) == 0
     assert "resumed at step 2" in capsys.readouterr().err
 
 
@@ -42,3 +42,57 @@ def test_gpu_script_dry_run(tmp_path) -> None:
     files = sorted(p.name for p in tmp_path.iterdir())
     assert {"dflash.tar", "jetspec.tar", "jetspec-tree.tar", "summary.json", "train_log.jsonl"} <= set(files)
     assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in tmp_path.iterdir())
+
+
+def test_labels_and_grid() -> None:
+    from specbench.train.cli import expand_grid, parse_drafters, parse_token_count
+
+    labels = parse_drafters("dflash,deep=dflash,jetspec")
+    assert labels == {"dflash": "dflash", "deep": "dflash", "jetspec": "jetspec"}
+    settings = parse_head_args(["deep:num_layers=2"], list(labels))
+    grown, got = expand_grid(labels, settings, ["jetspec:block_size=8", "num_taps=1,5"])
+    assert grown["jetspec-block_size8"] == "jetspec" and got["jetspec-block_size8"] == {"block_size": 8}
+    assert got["deep-num_taps5"] == {"num_layers": 2, "num_taps": 5} and "dflash-num_taps1" in grown
+    assert len(grown) == 3 + 1 + 2 * 3
+    assert [parse_token_count(t) for t in ("0.4M", "250k", "1e6", "77")] == [400_000, 250_000, 1_000_000, 77]
+    with pytest.raises(ValueError, match="twice"):
+        parse_drafters("dflash,dflash")
+
+
+def test_corpus_then_training_at_scale(tmp_path, capsys) -> None:
+    """corpus generate (cut after one shard, then finished), status, train on it with a grid head,
+    validation and snapshots over two calls, the report, and a packed copy resumed elsewhere."""
+    import json
+
+    corpus = tmp_path / "corpus"
+    gen = ["corpus", "generate", "--out", str(corpus), "--target", "random:tiny-llama", "--sets", "synthetic:14",
+           "--max-new-tokens", "10", "--temperatures", "0,0.9", "--shard-size", "5", "--gen-batch", "4", "--quiet"]
+    assert main(gen + ["--max-shards", "1"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["finished"] == [0]
+    assert main(gen) == 0
+    capsys.readouterr()
+    assert main(["corpus", "status", str(corpus), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["finished"] == [0, 1, 2] and status["response_tokens"] > 0 and status["sequences"] == 28
+    run = tmp_path / "run"
+    train = ["train", "--drafter", "dflash", "--grid", "num_layers=2", "--target", "random:tiny-llama", "--corpus",
+             str(corpus), "--val-prompts", "3", "--out", str(run), "--steps", "8", "--batch-size", "3",
+             "--head-arg", "block_size=4", "--head-arg", "anchors=3", "--val-every", "4", "--val-tau-every", "4",
+             "--val-tau-prompts", "2", "--val-tau-budgets", "4", "--val-max-new-tokens", "8", "--snapshot-tokens", "50",
+             "--log-every", "2", "--quiet"]
+    assert main(train + ["--until-step", "4"]) == 0
+    assert main(train) == 0
+    err = capsys.readouterr().err
+    assert "resumed at step 4 of 8" in err and "22 training and 3 validation sequences" in err
+    for label in ("dflash", "dflash-num_layers2"):
+        assert (run / "heads" / label / "head.safetensors").is_file() and (run / "plots" / f"{label}.png").is_file()
+    layers = json.loads((run / "heads" / "dflash-num_layers2" / "config.json").read_text())["head"]["num_layers"]
+    assert layers == 2 and list((run / "snapshots").iterdir())
+    assert main(["train-report", str(run), "--json", "--no-plot"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["head"] for r in report] == ["dflash", "dflash-num_layers2"] and all("val_tau4" in r for r in report)
+    moved = tmp_path / "moved"
+    assert main(["train-pack", str(run), str(moved)]) == 0
+    more = [a if a != str(run) else str(moved) for a in train]
+    assert main(more + ["--steps", "10", "--reschedule"]) == 0
+    assert "resumed at step 8 of 10" in capsys.readouterr().err

@@ -157,3 +157,138 @@ def test_bad_objective_settings_fail_at_once(tiny_target) -> None:
         OBJECTIVES.build("dflash", tiny_target, blocksize=4)
     with pytest.raises(ValueError, match="losses must give"):
         OBJECTIVES.build("dflash", tiny_target, losses={"mse": 1.0})
+
+
+# ---- at scale: validation, snapshots, schedules, moving states between machines ---------------------
+def scale_trainer(target, sequences, out, steps: int, **over) -> Trainer:
+    from specbench.train.sequences import TokenStore
+    from specbench.train.validation import Validator
+
+    store = TokenStore.from_sequences(sequences)
+    train, val = store.select(torch.arange(3, len(store))), store.select(torch.arange(3))
+    objectives = {"dflash": OBJECTIVES.build("dflash", target, block_size=4, anchors=3, init_seed=1),
+                  "wide": OBJECTIVES.build("jetspec-tree", target, block_size=4, anchors=3, num_taps=1, init_seed=2),
+                  "eagle3": OBJECTIVES.build("eagle3", target, draft_vocab=0, ttt_steps=2)}
+    settings = dict(batch_size=3, steps=steps, lr=3e-3, save_every=0, seed=5, val_every=2, val_tau_every=3,
+                    snapshot_tokens=(60, 150), log_every=1)
+    config = TrainConfig(**{**settings, **over})
+    validator = Validator(target, val, batch_size=2, max_len=256, tau_prompts=2, tau_budgets=(4, 8), tau_max_new_tokens=10)
+    return Trainer(target, objectives, train, config, out, validator=validator, data_identity={"data": "tiny"})
+
+
+def _log_rows(path):
+    import json
+
+    drop = {"time", "step_s", "tok_s", "resp_tok_s", "val_s"}
+    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in path.read_text().splitlines()]
+
+
+def test_resume_with_validation_and_snapshots_equals_uninterrupted(tiny_target, tiny_sequences, tmp_path) -> None:
+    straight = scale_trainer(tiny_target, tiny_sequences, tmp_path / "a", steps=7)
+    straight.train(progress=False)
+    first = scale_trainer(tiny_target, tiny_sequences, tmp_path / "b", steps=7)
+    first.train(steps=4, progress=False)
+    resumed = scale_trainer(tiny_target, tiny_sequences, tmp_path / "b", steps=7)
+    assert resumed.load_state() and resumed.step == 4
+    resumed.train(progress=False)
+    a, b = straight.state_dict(), resumed.state_dict()
+    assert a["tokens_seen"] == b["tokens_seen"] > 150 and a["snapshots_done"] == b["snapshots_done"] == [60, 150]
+    for name in a["heads"]:
+        for key, t in a["heads"][name].items():
+            assert torch.equal(t, b["heads"][name][key]), f"{name}.{key}"
+    rows_a, rows_b = _log_rows(tmp_path / "a" / "train_log.jsonl"), _log_rows(tmp_path / "b" / "train_log.jsonl")
+    assert rows_a == rows_b
+    vals = [r for r in rows_a if r.get("kind") == "val"]
+    assert [r["step"] for r in vals] == [0, 2, 3, 4, 6, 7]
+    assert all(1.0 <= r[f"val/{n}/tau8"] <= 9.0 for r in vals if "val/dflash/tau8" in r for n in ("dflash", "wide", "eagle3"))
+    assert {"val/dflash/loss", "val/wide/acc", "val/eagle3/acc"} <= set(vals[-1])
+    for milestone in (60, 150):
+        d = f"snapshots/tok{milestone:010d}/wide/head.safetensors"
+        assert (tmp_path / "a" / d).read_bytes() == (tmp_path / "b" / d).read_bytes()
+
+
+def test_validation_is_deterministic_and_leaves_training_alone(tiny_target, tiny_sequences, tmp_path) -> None:
+    trainer = scale_trainer(tiny_target, tiny_sequences, tmp_path, steps=4)
+    gen, data = trainer.generator.get_state(), (trainer.data.epoch, trainer.data.cursor)
+    one, two = trainer.validator.losses(trainer), trainer.validator.losses(trainer)
+    assert one == two and torch.equal(gen, trainer.generator.get_state()) and data == (0, 0)
+    assert trainer.validator.tau(trainer) == trainer.validator.tau(trainer)
+
+
+def test_saved_state_is_all_cpu_and_compacts(tiny_target, tiny_sequences, tmp_path) -> None:
+    import io
+
+    from specbench.train.trainer import STATE_FILE, compact_state
+
+    trainer = scale_trainer(tiny_target, tiny_sequences, tmp_path / "a", steps=8, val_every=0, val_tau_every=0)
+    trainer.train(steps=3, progress=False)
+    state = torch.load(tmp_path / "a" / STATE_FILE, weights_only=False)
+
+    def devices(x):
+        if isinstance(x, torch.Tensor):
+            return {x.device.type}
+        if isinstance(x, dict):
+            return set().union(*map(devices, x.values())) if x else set()
+        if isinstance(x, (list, tuple)):
+            return set().union(*map(devices, x)) if x else set()
+        return set()
+
+    assert devices(state) == {"cpu"}
+    small = compact_state(state, weights="bf16", moments="none")
+
+    def size(s):
+        buf = io.BytesIO()
+        torch.save(s, buf)
+        return buf.tell()
+
+    assert size(small) < 0.25 * size(state)
+    (tmp_path / "b").mkdir()
+    torch.save(small, tmp_path / "b" / STATE_FILE)
+    resumed = scale_trainer(tiny_target, tiny_sequences, tmp_path / "b", steps=8, val_every=0, val_tau_every=0,
+                            rewarm_steps=4)
+    assert resumed.load_state() and resumed.step == 3 and resumed.rewarm_from == 3
+    base = lr_factor(3, 8, 0.04, 0.1)
+    assert resumed.lr_scale() == pytest.approx(base / 4)
+    w = resumed.objectives["dflash"].head.fc.weight
+    assert w.dtype == torch.float32
+    torch.testing.assert_close(w, trainer.objectives["dflash"].head.fc.weight, atol=0, rtol=2 ** -8)
+    resumed.train(progress=False)
+    assert resumed.step == 8
+
+
+def test_resume_refuses_another_run(tiny_target, tiny_sequences, tmp_path) -> None:
+    from specbench.train.trainer import ResumeError
+
+    scale_trainer(tiny_target, tiny_sequences, tmp_path, steps=6, val_every=0, val_tau_every=0).train(steps=2, progress=False)
+    with pytest.raises(ResumeError, match="--batch-size"):
+        scale_trainer(tiny_target, tiny_sequences, tmp_path, steps=6, batch_size=2).load_state()
+    with pytest.raises(ResumeError, match="--reschedule"):
+        scale_trainer(tiny_target, tiny_sequences, tmp_path, steps=6).load_state(total_steps=9)
+    longer = scale_trainer(tiny_target, tiny_sequences, tmp_path, steps=6)
+    assert longer.load_state(total_steps=9, reschedule=True) and longer.total_steps == 9
+    moved = scale_trainer(tiny_target, tiny_sequences, tmp_path, steps=6)
+    moved.data_identity = {"data": "more"}
+    with pytest.raises(ResumeError, match="--refresh-data"):
+        moved.load_state()
+    assert moved.load_state(refresh_data=True) and (moved.data.epoch, moved.data.cursor) == (1, 0)
+
+
+def test_wsd_schedule_holds_then_decays() -> None:
+    lrs = [lr_factor(s, 100, 0.05, 0.1, schedule="wsd", decay_frac=0.2) for s in range(100)]
+    assert lrs[4] == pytest.approx(1.0) and all(v == 1.0 for v in lrs[5:80])
+    assert all(a > b for a, b in zip(lrs[79:], lrs[80:])) and lrs[-1] == pytest.approx(0.1)
+
+
+@pytest.mark.gpu
+def test_cuda_state_resumes_on_the_cpu(tiny_sequences, tmp_path) -> None:
+    from specbench.models import load_target
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    gpu = scale_trainer(load_target("random:tiny-llama", device="cuda"), tiny_sequences, tmp_path, steps=5,
+                        val_every=0, val_tau_every=0)
+    gpu.train(steps=2, progress=False)
+    cpu = scale_trainer(load_target("random:tiny-llama"), tiny_sequences, tmp_path, steps=5, val_every=0, val_tau_every=0)
+    assert cpu.load_state() and cpu.step == 2
+    cpu.train(progress=False)
+    assert cpu.step == 5
