@@ -30,7 +30,8 @@ err = mean |h_hat - h| / |h| and cos = mean cosine similarity.
 
 Settings (besides BlockObjective's): fill, mask_weight (J0 loss), refine_weight, attention
 (block-causal | bidirectional, the Table 15 ablation), adapter (train one; default true),
-adapter_layers (int or one per tap), kappa, adapter_weight.
+adapter_layers (int or one per tap), kappa, adapter_weight, init_from (a jetspec / jetspec++ head
+directory of the same shape to start from, e.g. to fine-tune a trained JetSpec head for refinement).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from torch import Tensor
 
 from specbench.drafters.heads.masks import uniform_blocks_mask
 from specbench.drafters.jetspecpp.adapter import AdapterConfig, StateAdapter, per_tap_layers
-from specbench.drafters.jetspecpp.model import NAME, JetSpecPPModel
+from specbench.drafters.jetspecpp.model import NAME, JetSpecPPModel, load_jetspecpp
 from specbench.models.target import TargetModel
 from specbench.train import OBJECTIVES
 from specbench.train.block_objective import BlockObjective
@@ -73,7 +74,7 @@ class JetSpecPPObjective(BlockObjective):
     attention: ClassVar[str] = "block-causal"
     defaults = {"losses": {"fkl": 1.0}, "gamma": None, "p_mask_only": 0.25, "fill": "self", "mask_weight": 1.0,
                 "refine_weight": 1.0, "attention": "block-causal", "adapter": True, "adapter_layers": 1, "kappa": 0.5,
-                "adapter_weight": 1.0}
+                "adapter_weight": 1.0, "init_from": None}
 
     def __init__(self, target: TargetModel, **config: Any) -> None:
         self.attention = str(config.get("attention", self.defaults["attention"]))  # read by BlockObjective
@@ -84,6 +85,9 @@ class JetSpecPPObjective(BlockObjective):
         for key in ("mask_weight", "refine_weight", "adapter_weight", "kappa"):
             if float(s[key]) < 0:
                 raise ValueError(f"{self.name} objective: {key} must be >= 0, got {s[key]}")
+        if not (float(s["mask_weight"]) > 0 or float(s["refine_weight"]) > 0 or (s["adapter"] and float(s["adapter_weight"]) > 0)):
+            raise ValueError(f"{self.name} objective: nothing to train: give mask_weight, refine_weight or adapter_weight "
+                             f"(with adapter=true) a positive weight")
         self.draft = self.head
         adapter = None
         if s["adapter"]:
@@ -93,6 +97,23 @@ class JetSpecPPObjective(BlockObjective):
             adapter.init_weights(target.model, seed=int(s["init_seed"]))
         self.adapter = adapter
         self.head = JetSpecPPModel(self.draft, adapter)
+        if s["init_from"]:
+            self.init_from(str(s["init_from"]))
+
+    @torch.no_grad()
+    def init_from(self, directory: str) -> None:
+        """Start from a trained head (a jetspec or jetspec++ checkpoint of the same shape); its adapter
+        too when it has one of this objective's shape. A resumed run loads its own state over this."""
+        head, adapter = load_jetspecpp(self.target, directory)
+        keys = ("taps", "num_layers", "block_size", "attention")
+        diff = {k: getattr(head.config, k) for k in keys if getattr(head.config, k) != getattr(self.head_cfg, k)}
+        if diff:
+            raise ValueError(f"init_from {directory!r} holds a head with {diff}, unlike this objective's: set those "
+                             f"settings to match (--head-arg jetspec++:KEY=VALUE)")
+        self.draft.load_state_dict({k: v.float() for k, v in head.state_dict().items()})
+        if adapter is not None and self.adapter is not None and adapter.config == self.adapter.config:
+            self.adapter.load_state_dict({k: v.float() if v.is_floating_point() else v
+                                          for k, v in adapter.state_dict().items()})
 
     def head_config(self) -> dict[str, Any]:
         cfg = super().head_config()
@@ -148,40 +169,38 @@ class JetSpecPPObjective(BlockObjective):
         G = blk["anchors"].shape[1]
         keep = blk["keep"][..., None]
         offsets = torch.arange(b, device=dev)
-        feats = torch.cat([batch.hidden[t] for t in self.taps], dim=-1)  # [B, T, m*d]
-        ctx_pos = torch.arange(T, device=dev)[None].expand(B, T)
-        ctx_kv = self.draft.context_kv(feats, ctx_pos, model)
-        mask = uniform_blocks_mask(blk["anchors"], b, self.attention, T)
-        pos = blk["pos"].view(B, -1)
         tokens = blk["tokens"]  # [B, G, b] the true tokens at every offset
-        metrics: dict[str, float] = {}
-
-        # J0: the MASK pass, labels in place at every offset >= 1.
-        j0_mask = (offsets > 0).expand(B, G, b)
-        logits0 = self._pass_logits(tokens, j0_mask, pos, ctx_kv, mask)  # [B, G, b-1, V]
-        pos1 = blk["pos"][:, :, 1:]
-        in_range = pos1 < T
-        label0 = pos1.clamp(max=T - 1)
-        has0 = in_range & batch.loss_mask.gather(1, label0.reshape(B, -1)).view(B, G, b - 1) & keep
         clean = ~blk["is_mask"]  # [B, G, b], offset 0 (the anchor) always clean
-        inputs, is_mask = self.refine_inputs(tokens, clean, logits0, generator)
+        pos1 = blk["pos"][:, :, 1:]
+        label0 = pos1.clamp(max=T - 1)
+        has0 = (pos1 < T) & batch.loss_mask.gather(1, label0.reshape(B, -1)).view(B, G, b - 1) & keep
         has1 = blk["has_label"][:, :, 1:]
-        if not bool(has0.any()) and not bool(has1.any()):
-            return logits0.sum() * 0.0, {"labels": 0.0}
-
-        total = logits0.new_zeros((), dtype=torch.float32)
-        if bool(has0.any()) and float(s["mask_weight"]) > 0:
-            loss0, parts = self._kl(logits0, label0, has0, offsets[1:].expand(B, G, b - 1), batch)
-            total = total + float(s["mask_weight"]) * loss0
-            metrics.update({f"j0_{k}": v for k, v in parts.items()})
-        if bool(has1.any()) and float(s["refine_weight"]) > 0:
-            logits1 = self._pass_logits(inputs, is_mask, pos, ctx_kv, mask)
-            loss1, parts = self._kl(logits1, blk["label_pos"][:, :, 1:], has1, blk["distance"][:, :, 1:], batch)
-            total = total + float(s["refine_weight"]) * loss1
-            metrics.update({f"refine_{k}": v for k, v in parts.items()})
-            if s["fill"] != "mask":
-                filled = has1 & ~clean[:, :, 1:]
-                metrics["fill_acc"] = float((inputs[:, :, 1:][filled] == tokens[:, :, 1:][filled]).float().mean())
+        train0 = float(s["mask_weight"]) > 0 and bool(has0.any())
+        train1 = float(s["refine_weight"]) > 0 and bool(has1.any())
+        total = self.draft.norm.weight.sum() * 0.0  # a zero with a graph, whatever is trained below
+        metrics: dict[str, float] = {}
+        if train0 or train1:
+            feats = torch.cat([batch.hidden[t] for t in self.taps], dim=-1)  # [B, T, m*d]
+            ctx_pos = torch.arange(T, device=dev)[None].expand(B, T)
+            ctx_kv = self.draft.context_kv(feats, ctx_pos, model)
+            mask = uniform_blocks_mask(blk["anchors"], b, self.attention, T)
+            pos = blk["pos"].view(B, -1)
+            logits0 = None
+            if train0 or s["fill"] == "self":  # J0: the MASK pass, labels in place at every offset >= 1
+                logits0 = self._pass_logits(tokens, (offsets > 0).expand(B, G, b), pos, ctx_kv, mask)  # [B, G, b-1, V]
+            if train0:
+                loss0, parts = self._kl(logits0, label0, has0, offsets[1:].expand(B, G, b - 1), batch)
+                total = total + float(s["mask_weight"]) * loss0
+                metrics.update({f"j0_{k}": v for k, v in parts.items()})
+            if train1:
+                inputs, is_mask = self.refine_inputs(tokens, clean, logits0, generator)
+                logits1 = self._pass_logits(inputs, is_mask, pos, ctx_kv, mask)
+                loss1, parts = self._kl(logits1, blk["label_pos"][:, :, 1:], has1, blk["distance"][:, :, 1:], batch)
+                total = total + float(s["refine_weight"]) * loss1
+                metrics.update({f"refine_{k}": v for k, v in parts.items()})
+                if s["fill"] != "mask":
+                    filled = has1 & ~clean[:, :, 1:]
+                    metrics["fill_acc"] = float((inputs[:, :, 1:][filled] == tokens[:, :, 1:][filled]).float().mean())
         if self.adapter is not None and float(s["adapter_weight"]) > 0:
             adapter_loss, parts = self.adapter_loss(batch, blk)
             total = total + float(s["adapter_weight"]) * adapter_loss

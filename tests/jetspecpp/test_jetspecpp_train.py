@@ -89,6 +89,20 @@ def test_bad_settings_are_refused(tiny) -> None:
         objective(tiny, taps=[0, 1], adapter_layers=[1, 1, 1])
     with pytest.raises(ValueError, match="head attention"):
         objective(tiny, attention="sideways")
+    with pytest.raises(ValueError, match="nothing to train"):
+        objective(tiny, mask_weight=0, refine_weight=0, adapter=False)
+
+
+def test_adapter_only_training_leaves_the_head_alone(tiny, tiny_sequences, tmp_path) -> None:
+    """mask_weight = refine_weight = 0 trains the adapter alone (a phase of a two-phase recipe)."""
+    obj = objective(tiny, mask_weight=0, refine_weight=0)
+    before = {k: v.clone() for k, v in obj.draft.state_dict().items()}
+    trainer = Trainer(tiny, {"jetspec++": obj}, tiny_sequences, TrainConfig(batch_size=4, steps=3, lr=3e-3, save_every=0),
+                      tmp_path)
+    metrics = [trainer.train_step() for _ in range(3)]
+    assert all("jetspec++/adapter_loss" in m and "jetspec++/j0_fkl" not in m for m in metrics)
+    for k, v in obj.draft.state_dict().items():
+        assert torch.equal(v, before[k]), k
 
 
 def test_cli_trains_a_loadable_head(tmp_path) -> None:
@@ -122,3 +136,12 @@ def test_held_out_metrics(tiny, tiny_sequences, trained_jpp) -> None:
     dec = report["decoder"]
     assert dec["true_top1"] == 1.0 and dec["true_kl"] < 1e-8  # the decoder itself is exact
     assert 0.0 < dec["top1"] <= 1.0 and dec["kl"] > dec["true_kl"]
+
+
+def test_init_from_a_trained_head(tiny, trained_jpp) -> None:
+    obj, directory = trained_jpp
+    fresh = objective(tiny, block_size=6, init_from=str(directory))
+    for key, t in obj.head.state_dict().items():
+        torch.testing.assert_close(fresh.head.state_dict()[key].float(), t.float())
+    with pytest.raises(ValueError, match="block_size"):
+        objective(tiny, block_size=5, init_from=str(directory))
