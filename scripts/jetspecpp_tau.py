@@ -45,6 +45,17 @@ def prompts(target, args: argparse.Namespace) -> list[tuple[str, str, list[int]]
     return out
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The JSONL rows so far; a last line cut by an interrupted run is dropped (it is redone)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     import pandas as pd
 
@@ -79,7 +90,7 @@ def main() -> int:
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args()
     out = Path(args.out)
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() else []
+    rows = read_rows(out)
     if args.table_only:
         print_table(rows)
         return 0

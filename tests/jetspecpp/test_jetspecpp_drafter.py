@@ -137,3 +137,13 @@ def test_bidirectional_head_runs_its_own_pattern(tiny, ar_tokens) -> None:
     assert drafter.attention == "bidirectional"
     decoder = SpecDecoder(tiny, SpecConfig(drafter="jetspec++", tree="ddtree", budget=6), max_seq_len=160, drafter=drafter)
     assert [decoder.generate(p, NEW).tokens for p in PROMPTS] == ar_tokens
+
+
+@pytest.mark.parametrize("tree, args, budget", [("static", {"tree": "default-31"}, 31), ("ddtree-vec", {}, 10),
+                                                 ("fanout-cap", {}, 10), ("eagle2", {}, 10)])
+def test_every_tree_policy(tiny, trained_jpp, ar_tokens, tree: str, args: dict, budget: int) -> None:
+    """The refined per-depth scores feed any policy that builds from depth scores, as jetspec's do."""
+    drafter = drafter_from(tiny, trained_jpp, J=2, R=1)
+    spec = SpecConfig(drafter="jetspec++", tree=tree, tree_args=args, budget=budget)
+    decoder = SpecDecoder(tiny, spec, max_seq_len=160, drafter=drafter)
+    assert [decoder.generate(p, NEW).tokens for p in PROMPTS] == ar_tokens
