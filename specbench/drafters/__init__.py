@@ -9,5 +9,6 @@ DRAFTERS.register("dflash", "specbench.drafters.heads.parallel:DFlashDrafter")
 DRAFTERS.register("jetspec", "specbench.drafters.heads.parallel:JetSpecDrafter")
 DRAFTERS.register("jetspec-tree", "specbench.drafters.heads.jetspec_tree:JetSpecTreeDrafter")
 DRAFTERS.register("eagle3", "specbench.drafters.eagle3.drafter:Eagle3Drafter")
+DRAFTERS.register("jetspec++", "specbench.drafters.jetspecpp.drafter:JetSpecPPDrafter")
 
 __all__ = ["DRAFTERS"]

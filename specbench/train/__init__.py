@@ -8,5 +8,6 @@ OBJECTIVES.register("dflash", "specbench.train.block_objective:DFlashObjective")
 OBJECTIVES.register("jetspec", "specbench.train.block_objective:JetSpecObjective")
 OBJECTIVES.register("jetspec-tree", "specbench.train.block_objective:JetSpecTreeObjective")
 OBJECTIVES.register("eagle3", "specbench.train.eagle3_objective:Eagle3Objective")
+OBJECTIVES.register("jetspec++", "specbench.train.jetspecpp_objective:JetSpecPPObjective")
 
 __all__ = ["OBJECTIVES"]

@@ -1,0 +1,158 @@
+"""tau at T = 0 of jetspec++ settings (J refinement passes, R context refreshes, anchor replacement,
+state source) for one or more heads, by exact replay (specbench.bench.replay, the drafter's own
+begin/draft/observe on the greedy reference).
+
+    python scripts/jetspecpp_tau.py --data ../shared/data --head jetspec++=runs/jpp/heads/jetspec++ \\
+        --head jetspec=specbench/heads/jetspec-smollm2-135m --settings J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n \\
+        --trees chain:16,ddtree:64 --n 10 --out results/jpp_tau.jsonl
+
+Settings: JjRr (anchor replacement on), JjRrn (off), optionally :stale or :true (the state source
+the refresh's decoder reads; default the adapter's predictions). A head without an adapter (a plain
+jetspec head) runs only R = 0 and the stale/true settings. One JSONL row per (prompt, head, setting,
+tree, budget), appended as each prompt finishes: rerun the same command to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DATASETS = ("gsm8k", "math500", "mbpp", "humaneval", "mt_bench")
+SETTING = re.compile(r"^J(\d+)R(\d+)(n?)(?::(predicted|stale|true))?$")
+
+
+def parse_setting(text: str) -> dict:
+    m = SETTING.match(text)
+    if not m:
+        raise SystemExit(f"--settings: {text!r} is not of the form JjRr[n][:predicted|stale|true] (e.g. J1R1, J2R1n:true)")
+    return {"J": int(m.group(1)), "R": int(m.group(2)), "replace": not m.group(3), "states": m.group(4) or "predicted"}
+
+
+def prompts(target, args: argparse.Namespace) -> list[tuple[str, str, list[int]]]:  # type: ignore[no-untyped-def]
+    from specbench.data import load_dataset, turn_prompt_ids
+
+    per = {name: [(name, str(p.id), turn_prompt_ids(target, p, 0, [])) for p in load_dataset(name, args.data, n=args.n)]
+           for name in args.datasets.split(",")}
+    out = []
+    for i in range(max(len(v) for v in per.values())):  # round-robin: a partial run covers every dataset
+        out += [v[i] for v in per.values() if i < len(v)]
+    return out
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The JSONL rows so far; a last line cut by an interrupted run is dropped (it is redone)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    import pandas as pd
+
+    if not rows:
+        print("no rows yet")
+        return
+    df = pd.DataFrame(rows)
+    df["config"] = df["head"] + " " + df["setting"] + " " + df["tree"] + "/" + df["budget"].astype(str)
+    table = df.pivot_table(index="config", columns="dataset", values="tau", aggfunc="mean")
+    table["mean"] = table.mean(axis=1)
+    counts = df.pivot_table(index="config", columns="dataset", values="tau", aggfunc="count")
+    pd.set_option("display.width", 200)
+    print(table.round(3).to_string())
+    print("\nprompts per cell:", int(counts.min().min()), "to", int(counts.max().max()))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=None, help="benchmark data directory (default $SPECBENCH_DATA)")
+    p.add_argument("--out", required=True, help="JSONL of rows (appended; resumes)")
+    p.add_argument("--target", default="smollm2-135m")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--head", action="append", required=True, metavar="NAME=DIR",
+                   help="a head to replay (jetspec++ checkpoint, or a plain jetspec head); repeatable")
+    p.add_argument("--settings", default="J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n")
+    p.add_argument("--trees", default="chain:16,ddtree:64", help="POLICY:BUDGET,...")
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--n", type=int, default=10, help="items per dataset")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a shared CPU)")
+    p.add_argument("--minutes", type=float, default=None, help="stop cleanly (between prompts) after this long")
+    p.add_argument("--table-only", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    rows = read_rows(out)
+    if args.table_only:
+        print_table(rows)
+        return 0
+
+    from specbench.bench.replay import build_references, replay
+    from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
+    from specbench.drafters.jetspecpp.model import load_jetspecpp
+    from specbench.models import load_target
+    from specbench.trees import TREE_POLICIES
+
+    torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target, device=args.device, dtype="float32")
+    heads = {}
+    for item in args.head:
+        name, _, directory = item.partition("=")
+        if not directory:
+            raise SystemExit(f"--head takes NAME=DIR, got {item!r}")
+        heads[name] = load_jetspecpp(target, directory)
+    settings = [s for s in args.settings.split(",") if s]
+    trees = [(t.split(":")[0], int(t.split(":")[1])) for t in args.trees.split(",") if t]
+    drafters = {}
+    for name, (head, adapter) in heads.items():
+        for s in settings:
+            cfg = parse_setting(s)
+            if adapter is None and cfg["R"] > 0 and cfg["states"] == "predicted":
+                print(f"jetspecpp_tau: {name} has no adapter: skipping {s}", file=sys.stderr)
+                continue
+            drafters[(name, s)] = JetSpecPPDrafter(target, head=head, adapter=adapter, **cfg)
+    policies = {t: TREE_POLICIES.build(t) for t, _ in trees}
+    taps = sorted({t for d in drafters.values() for t in d.taps})
+    done = {(r["dataset"], r["id"], r["head"], r["setting"], r["tree"], r["budget"]) for r in rows}
+    todo = [x for x in prompts(target, args)
+            if any((x[0], x[1], h, s, t, b) not in done for (h, s) in drafters for t, b in trees)]
+    print(f"jetspecpp_tau: {len(todo)} prompts, {len(drafters) * len(trees)} configurations each", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(out, "a") as f:
+        for k, (ds, pid, ids) in enumerate(todo):
+            if args.minutes is not None and time.monotonic() - start > 60 * args.minutes:
+                print(f"jetspecpp_tau: stopping at the {args.minutes} min budget", file=sys.stderr)
+                break
+            ref = build_references(target, [ids], args.max_new_tokens, taps)[0]
+            for (h, s), drafter in drafters.items():
+                for tree, budget in trees:
+                    if (ds, pid, h, s, tree, budget) in done:
+                        continue
+                    t0 = time.monotonic()
+                    res = replay(drafter, ref, policies[tree], budget, args.max_new_tokens)
+                    row = {"dataset": ds, "id": pid, "head": h, "setting": s, "tree": tree, "budget": budget,
+                           "tau": res.tau, "rounds": len(res.accepted), "new_tokens": len(res.output),
+                           "tf_mismatch": ref.tf_mismatch, "time_s": round(time.monotonic() - t0, 2),
+                           "max_new_tokens": args.max_new_tokens}
+                    f.write(json.dumps(row) + "\n")
+                    rows.append(row)
+            f.flush()
+            print(f"jetspecpp_tau: {k + 1}/{len(todo)} {ds}/{pid} (total {time.monotonic() - start:.0f}s)",
+                  file=sys.stderr, flush=True)
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The training-free decoder (methods.md §5.1 item 5): the target's own layers above the top tapped
+layer, its final norm and LM head, reading (predicted) top-tap states of a block.
+
+It owns no weights: `layers` are the target's `DecoderLayer` objects, run through their own forward
+with a KV cache of their own. The verified context enters as keys/values: every committed position's
+true top-tap state is run once through the upper layers (`extend`), which writes exactly the K/V the
+target's own forward holds at those layers (the upper layers see the context only through them). A
+block read (`read`) runs the block's states at positions committed + depth with the given
+within-block mask; its K/V go to the free slots after the committed ones and are never kept (the
+next extend or read overwrites them), so the cache needs `block_size` spare slots.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specbench.models.decoder import AttentionMeta, KVCache, sdpa_attention
+from specbench.models.target import TargetModel
+
+
+class SliceDecoder:
+    """p̂(·|j) for block rows from top-tap states: layers top+1 .. L-1, final norm, LM head."""
+
+    def __init__(self, target: TargetModel, top: int, max_seq_len: int) -> None:
+        cfg = target.config
+        if not 0 <= top < cfg.num_layers:
+            raise ValueError(f"the decoder's top tap {top} is outside the target's {cfg.num_layers} layers")
+        self.model = target.model
+        self.top = top
+        self.layers = list(self.model.layers[top + 1:])
+        self.cache = KVCache(len(self.layers), 1, cfg.num_kv_heads, max_seq_len, cfg.head_dim, target.dtype, target.device)
+
+    @property
+    def length(self) -> int:
+        """Committed positions whose upper-layer K/V the cache holds."""
+        return self.cache.host_lengths[0]
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def _run(self, h: Tensor, positions: Tensor, within: Tensor) -> Tensor:
+        """h [1, Q, d] at positions [1, Q] with within-block mask [Q, Q] -> last layer's output [1, Q, d]."""
+        q = h.shape[1]
+        if self.length + q > self.cache.max_seq_len:
+            raise RuntimeError(f"decoder cache overflow: {self.length + q} > {self.cache.max_seq_len} slots")
+        cos, sin = self.model.rope(positions)
+        slots = self.cache.lengths[:, None] + torch.arange(q, device=h.device)  # [1, Q]
+        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=within[None], kv_len=self.length + q)
+        x = h.to(self.model.embed.weight.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, self.cache.k[i], self.cache.v[i], slots, meta, sdpa_attention)
+        return x
+
+    def extend(self, h_top: Tensor) -> None:
+        """Append committed positions: their true top-tap states h_top [1, k, d] (causal)."""
+        k = h_top.shape[1]
+        if k == 0:
+            return
+        start = self.length
+        positions = torch.arange(start, start + k, device=h_top.device)[None]
+        causal = torch.ones(k, k, dtype=torch.bool, device=h_top.device).tril_()
+        if self.layers:
+            self._run(h_top, positions, causal)
+        self.cache.advance(k)
+
+    def truncate(self, length: int) -> None:
+        """Forget the committed positions from `length` on (their K/V stay valid below it: causal)."""
+        self.cache.truncate(length)
+
+    def read(self, h_top: Tensor, depth: Tensor, within: Tensor) -> Tensor:
+        """Block states h_top [1, Q, d] at positions length + depth [Q], within-block mask [Q, Q] ->
+        logits [Q, V] (fp32): row j is p̂ of the token after block row j."""
+        positions = (self.length + depth)[None]
+        x = self._run(h_top, positions, within) if self.layers else h_top.to(self.model.embed.weight.dtype)
+        return self.model.lm_head(self.model.norm(x))[0].float()

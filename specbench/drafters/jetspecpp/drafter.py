@@ -1,0 +1,245 @@
+"""`jetspec++`: a block-causal parallel draft head with intra-block self-refinement (methods.md §5.1
+items 2, 4-7; the round of §5.2 without foresight, which is part 2).
+
+One round:
+    J0:   [anchor, MASK x D] -> per-depth log-probs; drafts = their top-1 tokens
+    for j in 1..J:
+        if j <= R:  context refresh: the state adapter predicts the top tapped layer's states of
+                    [anchor, drafts], the training-free decoder reads them -> p̂(.|i) per row;
+                    k̂ = agreement length of the decoder's top-1 with the drafts; with `replace`
+                    (anchor replacement) the decoder's token is written at depth k̂+1
+        Jj:   [anchor, drafts] as token inputs (no MASK), block-causal -> per-depth log-probs;
+              drafts = their top-1 tokens
+    tree = policy.build(per-depth log-probs of the last pass)
+
+What the tree is built from: the last pass's per-depth distributions, exactly as `jetspec` builds from
+its single pass. Row d of the last pass is the head's law at depth d given the previous pass's tokens
+up to d, so the rank-1 chain is the refined chain, and the other candidates at depth d share that row
+whatever their parent (as in JetSpec, methods.md §4.2). The J0 scores are not mixed in: after
+refinement they condition on nothing the last pass does not.
+
+Without anchor replacement a refresh changes no draft token: it only re-predicts states, which the
+foresight draft of part 2 reads (so J=j, R=r without replacement drafts exactly what J=j, R=0
+drafts; a test checks it). `states` picks what the refresh's decoder reads (the Table 6 ablation):
+`predicted` (the adapter), `stale` (the last verified state copied into every block position), `true`
+(the target's own states of the block, from a forward of the target over the block against its own
+copy of the committed prefix: an oracle for the ablation, costing a target pass).
+
+Sampling: when the verifier reads draft probabilities (rejection sampling at T > 0) the refinement
+passes still read top-1 tokens, and only the final tokens are drawn, each depth independently from
+the last pass's processed law; those laws are recorded as the tree's draft_probs. Given the earlier
+passes (fixed before any final draw) the depth-d token is independent of the other depths, so its
+law given the drafted prefix is exactly the recorded row, which is what chain rejection sampling
+needs. That needs the `chain` policy.
+
+drafter_args: checkpoint (a jetspec++ directory, or a plain jetspec head: refinement without an
+adapter, JetSpec++ Table 12), block_size, J (refinement passes, default 1), R (context refreshes,
+0..J, default 1), replace (anchor replacement, default true), states (predicted | stale | true).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specbench.config import SamplingConfig
+from specbench.drafters import DRAFTERS
+from specbench.drafters.base import DraftState
+from specbench.drafters.heads.backbone import DraftHead
+from specbench.drafters.heads.drafter import HeadDrafter
+from specbench.drafters.heads.masks import block_pattern
+from specbench.drafters.jetspecpp.adapter import ContextCache, StateAdapter
+from specbench.drafters.jetspecpp.decoder import SliceDecoder
+from specbench.drafters.jetspecpp.model import NAME, load_jetspecpp
+from specbench.drafters.jetspecpp.outcomes import outcome_distribution
+from specbench.models.decoder import ForwardOutput, KVCache
+from specbench.models.target import TargetModel
+from specbench.trees.base import DepthScores, DraftTree, TreePolicy
+from specbench.verify.base import VerifyResult
+from specbench.verify.sampling import process_logits
+
+STATES = ("predicted", "stale", "true")
+
+
+@DRAFTERS.register(NAME)
+class JetSpecPPDrafter(HeadDrafter):
+    """Built as `JetSpecPPDrafter(target, checkpoint=DIR | head=DraftHead, adapter=StateAdapter, J=, R=,
+    replace=, states=)`. The head's own attention pattern is used (block-causal; a bidirectional
+    head runs for the Table 15 ablation)."""
+
+    name = NAME
+    attention = "block-causal"
+
+    def __init__(self, target: TargetModel, checkpoint: str | None = None, head: DraftHead | None = None,
+                 adapter: StateAdapter | None = None, block_size: int | None = None, J: int = 1, R: int = 1,
+                 replace: bool = True, states: str = "predicted") -> None:
+        if head is None:
+            head, loaded = load_jetspecpp(target, checkpoint)
+            adapter = adapter if adapter is not None else loaded
+        self.attention = head.config.attention
+        super().__init__(target, head=head, block_size=block_size)
+        if not isinstance(J, int) or isinstance(J, bool) or J < 0:
+            raise ValueError(f"J (Jacobi refinement passes after J0) must be an integer >= 0, got {J!r}")
+        if not isinstance(R, int) or isinstance(R, bool) or not 0 <= R <= J:
+            raise ValueError(f"R (context refreshes) must be an integer in [0, J = {J}] (refresh j feeds pass j), got {R!r}")
+        if not isinstance(replace, bool):
+            raise ValueError(f"replace (anchor replacement) must be true or false, got {replace!r}")
+        if states not in STATES:
+            raise ValueError(f"states must be one of {STATES}, got {states!r}")
+        if adapter is not None:
+            if tuple(adapter.config.taps) != tuple(self.taps):
+                raise ValueError(f"the adapter predicts taps {list(adapter.config.taps)} but the head reads {list(self.taps)}: "
+                                 f"use the adapter trained with this head")
+            adapter = adapter.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        if R > 0 and states == "predicted" and adapter is None:
+            raise ValueError("R > 0 (context refresh) with states=predicted needs a state adapter and this head has none "
+                             "(a plain jetspec head?): pass R=0, states=true|stale, or a jetspec++ checkpoint")
+        self.adapter = adapter
+        self.J, self.R, self.replace, self.states = J, R, replace, states
+        self.top = max(self.taps)
+        self.decoder: SliceDecoder | None = None
+        self.adapter_caches: dict[int, ContextCache] = {}
+        self.oracle: KVCache | None = None
+        self.state_pending: list[Tensor] = []  # [1, k, m*d] tapped states of committed positions, not yet synced
+        self.last_verified: Tensor | None = None  # [1, 1, m*d] the newest committed position's tapped states
+        self.last_round: dict[str, list[Tensor]] = {}  # this round's refresh records (k_hat per refresh)
+
+    @property
+    def tracks_states(self) -> bool:
+        """Whether block states can be had (an adapter, or the stale / true ablation)."""
+        return self.adapter is not None or self.states != "predicted"
+
+    # ---- request state ---------------------------------------------------------------------------
+    def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
+        super().begin(state, prefill, max_seq_len)
+        if not self.tracks_states:
+            return
+        slots = max_seq_len + self.block_size  # block reads write after the committed positions
+        if self.decoder is None or self.decoder.cache.max_seq_len < slots:
+            self.decoder = SliceDecoder(self.target, self.top, slots)
+            if self.states == "predicted":
+                self.adapter_caches = {t: ContextCache(self.adapter.tap(t), self.target, slots) for t in self.taps}
+            if self.states == "true":
+                self.oracle = self.target.new_cache(slots)
+        self.decoder.reset()
+        for cache in self.adapter_caches.values():
+            cache.reset()
+        if self.oracle is not None:
+            self.oracle.reset()
+        self.state_pending = [self._features(prefill.hidden, slice(None))]
+        self.last_verified = None
+
+    def observe(self, tree: DraftTree, result: VerifyResult, target_out: ForwardOutput) -> None:
+        super().observe(tree, result, target_out)
+        if self.tracks_states:
+            self.state_pending.append(self._features(target_out.hidden, list(result.path)))
+
+    def _tap_slice(self, features: Tensor, tap: int) -> Tensor:
+        """The states of one tap from features concatenated in tap order [..., m*d] -> [..., d]."""
+        d = self.target.config.hidden_size
+        i = self.taps.index(tap)
+        return features[..., i * d: (i + 1) * d]
+
+    @torch.no_grad()
+    def _sync_states(self, state: DraftState) -> None:
+        """Feed the queued committed positions to the decoder's, the adapters' (and the oracle's) caches."""
+        assert self.decoder is not None, "begin() was not called (or this drafter tracks no states)"
+        feats = torch.cat(self.state_pending, dim=1) if len(self.state_pending) > 1 else self.state_pending[0]
+        start, k = self.decoder.length, feats.shape[1]
+        if start + k != state.cache_len:
+            raise RuntimeError(f"state caches out of step: {start + k} positions for {state.cache_len} committed tokens")
+        self.decoder.extend(self._tap_slice(feats, self.top))
+        for tap, cache in self.adapter_caches.items():
+            cache.extend(self._tap_slice(feats, tap))
+        if self.oracle is not None and k > 0:
+            ids = torch.tensor([state.tokens[start: start + k]], dtype=torch.long, device=self.target.device)
+            pos = torch.arange(start, start + k, device=ids.device)[None]
+            self.target.model(ids, pos, self.oracle, None, (), logits_rows="last", kv_len=start + k)
+            self.oracle.advance(k)
+        if k > 0:
+            self.last_verified = feats[:, -1:]
+        self.state_pending = [feats[:, :0]]
+
+    # ---- block states and the decoder ------------------------------------------------------------
+    @torch.no_grad()
+    def block_states(self, state: DraftState, tokens: Tensor, depth: Tensor, within: Tensor,
+                     taps: tuple[int, ...] | None = None) -> dict[int, Tensor]:
+        """States [1, Q, d] per tap of block/tree rows `tokens` [Q] at positions committed + depth,
+        within-block mask [Q, Q]: predicted by the adapter, stale, or true (the `states` setting)."""
+        taps = tuple(self.taps) if taps is None else taps
+        self._sync_states(state)
+        n, q = state.cache_len, tokens.shape[0]
+        positions = (n + depth)[None]
+        if self.states == "stale":
+            return {t: self._tap_slice(self.last_verified, t).expand(1, q, -1) for t in taps}
+        if self.states == "true":
+            out = self.target.model(tokens[None], positions, self.oracle, within[None], taps,
+                                    logits_rows=torch.zeros(1, dtype=torch.long, device=tokens.device), kv_len=n + q)
+            return {t: out.hidden[t] for t in taps}
+        mask = torch.cat([torch.ones(q, n, dtype=torch.bool, device=within.device), within], dim=1)[None]
+        return {t: self.adapter.tap(t)(tokens[None], positions, self.adapter_caches[t].kv(), mask, self.target.model)
+                for t in taps}
+
+    @torch.no_grad()
+    def decoder_logits(self, state: DraftState, tokens: Tensor, depth: Tensor, within: Tensor) -> Tensor:
+        """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j)."""
+        h_top = self.block_states(state, tokens, depth, within, taps=(self.top,))[self.top]
+        return self.decoder.read(h_top, depth, within)
+
+    def outcome_distribution(self, state: DraftState, drafts: Tensor, sampling: SamplingConfig | None = None) -> Tensor:
+        """P̂(k, a) [γ+1, V] (float64, sums to 1) for the chain anchor -> drafts [γ]: rows p̂ from the
+        decoder, processed by `sampling` (None or greedy: the decoder's plain softmax)."""
+        tokens = torch.cat([drafts.new_full((1,), state.anchor), drafts])
+        q = tokens.shape[0]
+        dev = tokens.device
+        logits = self.decoder_logits(state, tokens, torch.arange(q, device=dev), block_pattern(q, "block-causal", dev))
+        probs = process_logits(logits, sampling) if sampling is not None and not sampling.greedy else logits.softmax(-1)
+        return outcome_distribution(drafts, probs)
+
+    def refresh(self, state: DraftState, drafts: Tensor) -> tuple[Tensor, Tensor]:
+        """Context refresh of drafts [D]: (drafts, with the decoder's token at depth k̂+1 when
+        `replace`; k̂ as a 0-dim tensor). On the device, no host read."""
+        dev = drafts.device
+        b = drafts.shape[0] + 1
+        tokens = torch.cat([drafts.new_full((1,), state.anchor), drafts])
+        logits = self.decoder_logits(state, tokens, torch.arange(b, device=dev), block_pattern(b, "block-causal", dev))
+        top1 = logits.max(dim=-1).indices[:-1]  # [D]: row i predicts depth i+1
+        k_hat = (top1 == drafts).long().cumprod(0).sum()
+        if self.replace:
+            drafts = torch.where(torch.arange(b - 1, device=dev) == k_hat, top1, drafts)
+        return drafts, k_hat
+
+    # ---- drafting ------------------------------------------------------------------------------
+    def refined_logp(self, state: DraftState) -> Tensor:
+        """The last pass's per-depth log-probs [D, V] after J0 and J refinement passes."""
+        b, dev = self.block_size, self.target.device
+        logp = self.block_logp(state)  # J0: [D, V]
+        drafts = logp.max(dim=-1).indices  # first maximal index: the chain policy's tie rule
+        depth = torch.arange(b, device=dev)
+        within = block_pattern(b, self.attention, dev)
+        tokens_only = torch.zeros(b, dtype=torch.bool, device=dev)
+        k_hats: list[Tensor] = []
+        for j in range(1, self.J + 1):
+            if j <= self.R:
+                drafts, k_hat = self.refresh(state, drafts)
+                k_hats.append(k_hat)
+            inputs = torch.cat([drafts.new_full((1,), state.anchor), drafts])
+            logp = self.run_block(state, inputs, tokens_only, depth, within)[1:]
+            drafts = logp.max(dim=-1).indices
+        self.last_round = {"k_hat": k_hats}
+        return logp
+
+    def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
+        logp = self.refined_logp(state)
+        if state.want_draft_probs:
+            return self.sample_chain(state, policy, logp[:budget])
+        return policy.build(DepthScores(state.anchor, logp), budget)
+
+    def sample_chain(self, state: DraftState, policy: TreePolicy, logp: Tensor) -> DraftTree:
+        """One token per depth from the last pass's processed law, recorded as the draft law."""
+        if policy.name != "chain":
+            raise ValueError(f"{self.name}: sampled drafts (the verifier reads draft probabilities) need the chain policy, "
+                             f"not {policy.name!r}; use a walk verifier (greedy / sample-walk) for trees")
+        probs = process_logits(logp, state.sampling)  # [D, V]
+        tokens = [state.draft_rng.categorical(row) for row in probs]
+        return DraftTree.chain(state.anchor, tokens, draft_probs=probs, device=self.target.device)
