@@ -3,8 +3,8 @@
     python scripts/profile_round.py --device cuda --dtype bfloat16 --configs dflash/ddtree/64,eagle3/eagle2/64
 
 For each drafter/tree/budget: one warm-up request, then `--prompts` timed requests (greedy, GSM8K-like
-prompts that ship with the project) with the engine's stage timer (device-synchronised), then the
-same requests under cProfile. On a GPU the functions that wait for the device (`.tolist()`, `.item()`,
+prompts that ship with the project) with the engine's stage times (CUDA events between the round's
+stages), then the same requests under cProfile. On a GPU the functions that wait for the device (`.tolist()`, `.item()`,
 `int(tensor)`) absorb the time of the kernels queued before them: read the profile together with the
 stage table.
 """
@@ -61,7 +61,6 @@ def main() -> int:
             tokens += res.stats.new_tokens
         line = " ".join(f"{s} {statistics.mean(v):.2f}" for s, v in per_stage.items())
         print(f"\n== {item}: tau {tokens / max(rounds, 1):.2f}, ms/round (mean): {line}")
-        decoder.timer.sync = None  # the profile should show where the host waits, not the timer's syncs
         prof = cProfile.Profile()
         prof.enable()
         for ids in prompts:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 STAGES = ("draft", "tree", "verify_forward", "verify", "commit")
 
@@ -138,29 +137,4 @@ class RoundClock:
         for (name, a), (_, b) in zip(marks, marks[1:]):
             dt = a.elapsed_time(b) / 1e3 if self.cuda else b - a
             out[name] = out.get(name, 0.0) + dt
-        return out
-
-
-class StageTimer:
-    """Accumulates wall time per stage; `sync` (e.g. torch.cuda.synchronize) runs before each reading
-    so asynchronous device work is charged to the stage that launched it."""
-
-    def __init__(self, sync: Callable[[], None] | None = None) -> None:
-        self.sync = sync
-        self.times: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        if self.sync:
-            self.sync()
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.sync:
-                self.sync()
-            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
-
-    def pop(self) -> dict[str, float]:
-        out, self.times = self.times, {}
         return out
