@@ -23,6 +23,8 @@ class ParallelHeadDrafter(HeadDrafter):
     law is fixed before its draw); this needs the `chain` policy.
     """
 
+    sampled_policies = ("chain",)
+
     def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
         logp = self.block_logp(state)  # [D, V]
         if state.want_draft_probs:
@@ -42,9 +44,7 @@ class ParallelHeadDrafter(HeadDrafter):
         return policy.build(DepthScores(anchor, logp), budget)
 
     def sample_chain(self, state: DraftState, policy: TreePolicy, logp: torch.Tensor) -> DraftTree:
-        if policy.name != "chain":
-            raise ValueError(f"{self.name}: sampled drafts (verifier reads draft probabilities) need the chain policy, "
-                             f"not {policy.name!r}; use a walk verifier (greedy / sample-walk) for trees")
+        self.check_policy(policy.name, sampled=True)
         probs = process_logits(logp, state.sampling)  # [D, V]
         tokens = [state.draft_rng.categorical(row) for row in probs]
         return DraftTree.chain(state.anchor, tokens, draft_probs=probs, device=self.target.device)
