@@ -81,6 +81,26 @@ def load_prompts(args: argparse.Namespace, target: Any) -> list[list[int]]:
                                seed=args.seed)
 
 
+def check_before_loading(args: argparse.Namespace, names: Sequence[str]) -> None:
+    """What needs no model: the heads are trainable and the training prompts can be found."""
+    from specbench.data import TRAINING_SETS, resolve_data_dir
+    from specbench.train import OBJECTIVES
+
+    if not names:
+        raise ValueError("--drafter names no head to train (e.g. --drafter dflash,jetspec)")
+    for name in names:
+        if name not in OBJECTIVES and ":" not in name:  # (a dotted path is imported later)
+            raise ValueError(f"--drafter {name}: no training objective of that name; trainable heads: "
+                             f"{', '.join(OBJECTIVES.names())}")
+    if args.synthetic_prompts:
+        return
+    sets = [s for s in args.sets.split(",") if s]
+    unknown = [s for s in sets if s not in TRAINING_SETS]
+    if unknown or not sets:
+        raise ValueError(f"--sets {args.sets}: training sets are {', '.join(TRAINING_SETS)}")
+    resolve_data_dir(args.data, f"the training prompts ({', '.join(sets)})")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from specbench.models import load_target
     from specbench.train.regen import regenerate
@@ -90,6 +110,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     deadline = start + 60 * args.minutes if args.minutes else None
     names = [n.strip() for n in args.drafter.split(",") if n.strip()]
     settings = parse_head_args(args.head_arg, names)
+    check_before_loading(args, names)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     target = load_target(args.target, device=args.device, dtype=dtype)
     objectives = build_objectives(target, names, settings)  # fail on bad settings before generating
