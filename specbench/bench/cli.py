@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tqdm import tqdm
+
 from specbench.bench.store import RESULTS_FILE, ResultsError
 from specbench.bench.study import StudyError, load_study
 from specbench.bench.table import FORMATS, SPREADS, make_table
@@ -62,13 +64,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{len(plan.variants)} configurations x datasets {datasets}")
         return 0
     out = Path(args.out) if args.out else default_out_dir(study)
-    plan_study(study)  # every check that needs no model, before the threads line and the model load
-    threads = set_decode_threads(args.threads, study.device)
-    if threads:
-        print(threads, file=sys.stderr)
+    pending = [set_decode_threads(args.threads, study.device)]
+
+    def log(message: str) -> None:  # the threads line goes out with the run's first line (a bad study: one line)
+        for line in filter(None, pending):
+            tqdm.write(line, file=sys.stderr)
+        pending.clear()
+        tqdm.write(message, file=sys.stderr)
+
     start = time.perf_counter()
     try:
-        result = run_study(study, data_dir=args.data_dir, out_dir=out, progress=not args.no_progress)
+        result = run_study(study, data_dir=args.data_dir, out_dir=out, progress=not args.no_progress, log=log)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished generation is saved in {out / RESULTS_FILE}; rerun the same command "
               f"to resume", file=sys.stderr)

@@ -229,6 +229,8 @@ def dequantize_gguf_to_cache(gguf_path: Path, out_dir: Path) -> None:
         gen = getattr(hf, "generation_config", None)
         if gen is not None:
             gen.save_pretrained(str(tmp))
+        if out_dir.exists() and not (out_dir / "config.json").is_file():
+            shutil.rmtree(out_dir)  # an incomplete copy (left by a version that wrote in place)
         try:
             tmp.rename(out_dir)
         except OSError:  # another process finished the same copy first: keep theirs

@@ -1,6 +1,6 @@
 """`specbench train`: regenerate responses with the target, then train one or more heads together.
 
-    specbench train --drafter dflash,jetspec,jetspec-tree --target smollm2-135m --data ../shared/data --out runs/heads
+    specbench train --drafter dflash,jetspec,jetspec-tree --target smollm2-135m --data DATA_DIR --out runs/heads
     python -m specbench.train.cli train ...            (the same, without the specbench entry point)
 
 Interrupt and rerun the same command to resume: regenerated sequences are cached under OUT/data,

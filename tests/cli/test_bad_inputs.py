@@ -154,3 +154,12 @@ def test_the_installed_command_with_bytes_the_shell_passes(tmp_path: Path) -> No
         assert res.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
         assert message in err
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_study_that_needs_a_data_directory(tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study = tmp_path / "needs_data.py"
+    study.write_text("from specbench.bench import *\nSTUDY = Study(name='d', grids=(Grid(drafters=('ngram',)),), "
+                     "datasets=('gsm8k',))\n")
+    line = fails(["run", str(study), "--out", str(tmp_path / "out")], capsys)
+    assert "pass --data-dir DIR or set SPECBENCH_DATA=DIR" in line
+    assert nothing_in(cache) and not (tmp_path / "out").exists()
