@@ -1,6 +1,7 @@
 """Quickstart: AR decoding against every shipped drafter, with the default target (SmolLM2-135M-Instruct)
 in fp32 on the CPU, greedy, on three of specbench's own arithmetic word problems (48 new tokens each).
-About 2-3 minutes on two cores, the first run adding the model's one-time fetch and dequantization.
+About 2 minutes on two shared cores (the 21 generations took 101 s at load average 2-3.5); the first
+run adds the model's one-time fetch and dequantization.
 
     specbench run experiments/quickstart.py              # prints tau and speed-up per drafter
     specbench run experiments/quickstart.py n=8 max_new_tokens=[256]   # more prompts, longer answers
@@ -8,9 +9,9 @@ About 2-3 minutes on two cores, the first run adding the model's one-time fetch 
 What it measures, per prompt and drafter, against AR on the same prompt in the same run: tau (tokens
 per verify pass, bonus included) and the decode-time speed-up (prefill excluded; speedup_e2e includes
 it). Greedy SD emits exactly AR's tokens, so only the time differs. On a CPU the speed-ups are not the
-GPU's: here a verify pass over 1 + 16 tokens costs about 2.5 AR steps and a head's draft pass most of
-another (on a GPU, where a small model's AR step is launch-bound, a 64-node verify costs 1.2-1.8 AR
-steps), so a drafter needs a high tau just to break even, and the shipped drafters measure below AR.
+GPU's: here a verify pass over 1 + 16 tokens costs 2.4 AR steps and a head's draft 0.65-1.3 more
+(on an H200, where a small model's AR step is launch-bound, a 64-node verify costs 1.2-1.8 AR steps),
+so a drafter needs a high tau just to break even, and the shipped drafters measure at or below AR.
 Three short prompts are a taste, not a benchmark: `experiments/head_table.py` and
 `experiments/budget_sweep.py` run the benchmarks.
 

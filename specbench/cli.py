@@ -58,17 +58,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default on a CPU: 1, the fastest for batch-1 decoding; see the README)")
+                   help="torch CPU threads (default on a CPU: 1, by far the fastest for batch-1 decoding on a shared machine; README)")
 
 
 def set_decode_threads(requested: int | None, device: str) -> str | None:
     """Set torch's CPU threads for batch-1 decoding (once per process); returns the line that says the
     choice, for the caller to print (None on CUDA).
 
-    A decode step of a small model is a chain of small matmuls: splitting each over threads gains
-    little, and when other work shares the cores every step waits for the slowest thread (measured
-    on a shared 2-core machine: README, "CPU threads"). So on a CPU the default is 1 thread
-    ($OMP_NUM_THREADS or --threads overrides it); on CUDA torch's default stays."""
+    A decode step of a small model is a chain of small matmuls, and when other work shares the cores
+    every multi-threaded step waits for the slowest thread: on a shared 2-core machine 2 threads
+    decoded 5-10x slower than 1 (README, "CPU threads"). So on a CPU the default is 1 thread
+    ($OMP_NUM_THREADS or --threads overrides it); on CUDA the host threads do little and torch's
+    default stays."""
     import torch
 
     if requested is not None and requested < 1:
