@@ -203,7 +203,7 @@ def dequantize_gguf_to_cache(gguf_path: Path, out_dir: Path) -> None:
     (config.json, model.safetensors, tokenizer files) in `out_dir`. It is written into a temporary
     folder beside `out_dir` and renamed into place only when complete: a failure leaves nothing."""
     import shutil
-    import tempfile
+    import uuid
 
     check_gguf_header(gguf_path)
     try:
@@ -213,7 +213,8 @@ def dequantize_gguf_to_cache(gguf_path: Path, out_dir: Path) -> None:
     log(f"dequantizing {gguf_path.name} once (about 20 s); cached in {out_dir}")
     made = [d for d in (out_dir.parent, *out_dir.parent.parents) if not d.exists()]  # deepest first
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")  # this process's own
+    tmp.mkdir()  # (mkdir, not mkdtemp: the cached copy gets the umask's permissions, not 0700)
     try:
         kw = dict(gguf_file=gguf_path.name)
         try:

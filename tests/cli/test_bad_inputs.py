@@ -163,3 +163,17 @@ def test_a_study_that_needs_a_data_directory(tmp_path: Path, cache: Path, capsys
     line = fails(["run", str(study), "--out", str(tmp_path / "out")], capsys)
     assert "pass --data-dir DIR or set SPECBENCH_DATA=DIR" in line
     assert nothing_in(cache) and not (tmp_path / "out").exists()
+
+
+def test_a_dequantized_copy_appears_whole_with_the_umask_permissions(smollm2, tmp_path: Path) -> None:
+    from specbench.models import TARGETS
+    from specbench.models.loader import dequantize_gguf_to_cache
+    from specbench.models.target import locate_wheel_gguf
+
+    out = tmp_path / "models" / "smollm2"
+    dequantize_gguf_to_cache(locate_wheel_gguf(TARGETS.get("smollm2-135m")), out)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert [p.name for p in out.parent.iterdir()] == ["smollm2"]  # no temporary folder left beside it
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask
