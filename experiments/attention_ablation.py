@@ -1,7 +1,7 @@
 """Attention inside the draft block: bidirectional (dflash) vs block-causal (jetspec) vs
 path-conditioned (jetspec-tree), each under its tree policies, at budgets 16, 64 and 256, T = 0.
 
-    specbench run experiments/attention_ablation.py --data-dir ../shared/data --device cuda --dtype bfloat16
+    specbench run experiments/attention_ablation.py --data-dir DATA_DIR --device cuda --dtype bfloat16
 
 All three heads are required: if one is not registered the study stops before loading anything,
 naming the missing drafter.

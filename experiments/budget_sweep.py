@@ -1,7 +1,7 @@
 """tau and speed-up against the budget (16 ... 256 draft nodes) for each drafter and tree policy, greedy.
 
-    specbench run experiments/budget_sweep.py --data-dir ../shared/data --device cuda --dtype bfloat16
-    specbench run experiments/budget_sweep.py --data-dir ../shared/data n=5 budgets=[16,64]   # a CPU taste
+    specbench run experiments/budget_sweep.py --data-dir DATA_DIR --device cuda --dtype bfloat16
+    specbench run experiments/budget_sweep.py --data-dir DATA_DIR n=5 budgets=[16,64]   # a CPU taste
 
 Trained heads are optional: a head that is not registered or has no weights yet is skipped with a note.
 """

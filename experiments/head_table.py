@@ -1,8 +1,8 @@
 """The trained-heads table (issue 5/6): tau and decode speed-up of every shipped head beside ngram and
 self, at budgets 16, 64 and 256, greedy, on the five benchmarks.
 
-    specbench run experiments/head_table.py --data-dir ../shared/data --device cuda --dtype bfloat16
-    specbench run experiments/head_table.py --data-dir ../shared/data n=3 max_new_tokens=[128]   # a taste
+    specbench run experiments/head_table.py --data-dir DATA_DIR --device cuda --dtype bfloat16
+    specbench run experiments/head_table.py --data-dir DATA_DIR n=3 max_new_tokens=[128]   # a taste
 
 tau alone on many prompts is cheaper through exact replay (scripts/tau_table.py, same configurations);
 this study times the real decode loop, so its tau and tok/s come from the same requests.

@@ -6,7 +6,7 @@ verifier joins the comparison by being registered. Verifiers that cannot serve a
 distribution (what rejection-sampling verifiers read); `ngram` drafts deterministically; a
 trained tree drafter, when available, gives the tree verifiers real branching.
 
-    specbench run experiments/verifier_compare.py --data-dir ../shared/data
+    specbench run experiments/verifier_compare.py --data-dir DATA_DIR
 """
 
 from specbench.bench import DatasetSpec, Grid, Study, TableSpec

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
-from specbench.config import ConfigError, SamplingConfig, SpecConfig, parse_value
+from specbench.config import ConfigError, RunConfig, SamplingConfig, SpecConfig, parse_value
 from specbench.registry import RegistryError
+
+DEFAULT_MAX_SEQ_LEN = 2048  # what SpecDecoder allocates when the target's context is at least this long
 
 # Modules that add their own subcommands through `register(subparsers)`.
 SUBCOMMAND_MODULES = ("specbench.bench.cli", "specbench.train.cli")
@@ -23,6 +27,13 @@ SUBCOMMAND_MODULES = ("specbench.bench.cli", "specbench.train.cli")
 
 class UsageError(Exception):
     """Bad command-line input: printed as `specbench: error: ...`, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose own errors (a missing or malformed flag) are one line, as all others."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _kv_pairs(items: Sequence[str] | None, flag: str) -> dict[str, Any]:
@@ -40,7 +51,39 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--attention", default="auto", help="attention backend: auto (triton on CUDA, else sdpa), sdpa (reference) or triton")
-    p.add_argument("--max-seq-len", type=int, default=2048, help="tokens the static KV cache holds")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help=f"tokens the static KV cache holds (default: {DEFAULT_MAX_SEQ_LEN} or the target's context if shorter)")
+    add_threads_arg(p)
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default on a CPU: 1, by far the fastest for batch-1 decoding on a shared machine; README)")
+
+
+def set_decode_threads(requested: int | None, device: str) -> str | None:
+    """Set torch's CPU threads for batch-1 decoding (once per process); returns the line that says the
+    choice, for the caller to print (None on CUDA).
+
+    A decode step of a small model is a chain of small matmuls, and when other work shares the cores
+    every multi-threaded step waits for the slowest thread: on a shared 2-core machine 2 threads
+    decoded 5-10x slower than 1 (README, "CPU threads"). So on a CPU the default is 1 thread
+    ($OMP_NUM_THREADS or --threads overrides it); on CUDA the host threads do little and torch's
+    default stays."""
+    import torch
+
+    if requested is not None and requested < 1:
+        raise UsageError(f"--threads must be >= 1, got {requested}")
+    if requested is None and not device.startswith("cpu"):
+        return None
+    if requested is not None:
+        why = "--threads"
+    elif os.environ.get("OMP_NUM_THREADS"):
+        requested, why = torch.get_num_threads(), "$OMP_NUM_THREADS"
+    else:
+        requested, why = 1, "the CPU default for batch-1 decoding; --threads N to change"
+    torch.set_num_threads(requested)
+    return f"specbench: {requested} torch CPU thread{'s' if requested > 1 else ''} ({why})"
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -57,13 +100,18 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--prompt", required=True, help="user message (formatted with the target's chat template)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="user message (formatted with the target's chat template)")
+    source.add_argument("--prompt-file", metavar="PATH", help="read the user message from a UTF-8 file ('-': stdin)")
     p.add_argument("--raw", action="store_true", help="tokenize the prompt as is, without the chat template")
 
 
 def spec_from_args(args: argparse.Namespace) -> tuple[SpecConfig, SamplingConfig]:
-    """Validate everything that can be validated before loading a model."""
+    """Validate everything that can be validated before loading a model: component names and their
+    arguments, the verifier against the sampling settings, the drafter against the tree policy, and
+    whether the lengths fit the cache."""
     from specbench.drafters import DRAFTERS
+    from specbench.models import default_target_name
     from specbench.trees import TREE_POLICIES
     from specbench.verify import VERIFIERS
 
@@ -73,38 +121,140 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SpecConfig, SamplingConfig
         drafter_args=_kv_pairs(args.drafter_arg, "--drafter-arg"), tree_args=_kv_pairs(args.tree_arg, "--tree-arg"),
         verifier_args=_kv_pairs(args.verifier_arg, "--verifier-arg"), allow_lossy=args.allow_lossy,
     )
+    max_seq_len = DEFAULT_MAX_SEQ_LEN if args.max_seq_len is None else args.max_seq_len
+    RunConfig(target=args.target or default_target_name(), spec=spec, sampling=sampling,
+              max_new_tokens=args.max_new_tokens, max_seq_len=max_seq_len, device=args.device, dtype=args.dtype,
+              attention=args.attention)  # checks the lengths against the cache
+    verifier = _component("--verifier", VERIFIERS, spec.verifier, spec.verifier_args, "--verifier-arg")
+    if not verifier.lossless and not spec.allow_lossy:
+        raise UsageError(f"--verifier {spec.verifier} is not lossless; add --allow-lossy to run it anyway")
+    try:
+        verifier.check(sampling)
+    except ValueError as exc:
+        raise UsageError(f"--verifier {spec.verifier}: {exc}") from None
+    _component("--tree", TREE_POLICIES, spec.tree, spec.tree_args, "--tree-arg")
     if spec.drafter is not None:
-        DRAFTERS.get(spec.drafter)
-    TREE_POLICIES.get(spec.tree)
-    VERIFIERS.get(spec.verifier)
-    if args.max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        drafter_cls = _registered("--drafter", DRAFTERS, spec.drafter)
+        _check_arguments(f"--drafter {spec.drafter}", drafter_cls, spec.drafter_args, "--drafter-arg", skip=1)
+        drafter_cls.check_policy(spec.tree, sampled=verifier.needs_draft_probs and not sampling.greedy)
     return spec, sampling
 
 
-def _load(args: argparse.Namespace) -> Any:
+def _registered(flag: str, registry: Any, name: str) -> Any:
+    try:
+        return registry.get(name)
+    except RegistryError as exc:
+        raise UsageError(f"{flag} {name}: {exc}") from None
+
+
+def _component(flag: str, registry: Any, name: str, kwargs: Any, arg_flag: str) -> Any:
+    """Build a component that needs no model (tree policy, verifier) now, naming the flags in any error."""
+    factory = _registered(flag, registry, name)
+    _check_arguments(f"{flag} {name}", factory, kwargs, arg_flag)
+    try:
+        return factory(**dict(kwargs))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{flag} {name} with {arg_flag} {_pairs(kwargs)}: {exc}") from None
+
+
+def _pairs(kwargs: Any) -> str:
+    return " ".join(f"{k}={v}" for k, v in dict(kwargs).items()) or "(none)"
+
+
+def _check_arguments(what: str, factory: Any, kwargs: Any, arg_flag: str, skip: int = 0) -> None:
+    """UsageError unless `factory` takes these keyword arguments (after `skip` positional ones)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(factory).parameters.values())[skip:]
+    except (TypeError, ValueError):  # no signature to read: the call will tell
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(kwargs) - set(takes))
+    if unknown:
+        raise UsageError(f"{arg_flag} {unknown[0]}=...: {what} takes no argument {unknown[0]!r} "
+                         f"(it takes: {', '.join(takes) or 'none'})")
+
+
+def _prompt_source(args: argparse.Namespace) -> str:
+    return "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt from --prompt or --prompt-file (PATH, or '-' for stdin), checked to be UTF-8."""
+    from specbench.models.target import PromptError, prompt_text
+
+    if args.prompt_file is None:
+        data = os.fsencode(args.prompt)  # the argument's bytes as the shell passed them
+    else:
+        try:
+            data = sys.stdin.buffer.read() if args.prompt_file == "-" else Path(args.prompt_file).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"{_prompt_source(args)}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        text = prompt_text(data)
+    except PromptError as exc:
+        raise UsageError(f"{_prompt_source(args)}: {exc}") from None
+    if args.raw and not text:
+        raise UsageError(f"{_prompt_source(args)}: the prompt is empty (with --raw there is nothing to tokenize)")
+    return text
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """(target, the line that says the CPU threads: printed once decoding starts, so that a failure
+    before that is one line)."""
     from specbench.models import load_target
 
-    return load_target(args.target, device=args.device, dtype=args.dtype, attention=args.attention)
+    threads = set_decode_threads(args.threads, args.device)
+    return load_target(args.target, device=args.device, dtype=args.dtype, attention=args.attention), threads
 
 
-def _prompt_ids(target: Any, args: argparse.Namespace) -> list[int]:
-    return target.encode(args.prompt) if args.raw else target.encode_chat(args.prompt)
+def _say(line: str | None) -> None:
+    if line:
+        print(line, file=sys.stderr)
+
+
+def _decoder(target: Any, spec: SpecConfig, args: argparse.Namespace) -> Any:
+    """The SpecDecoder. A drafter's own argument checks run once the model is loaded; they name --drafter."""
+    from specbench.drafters import DRAFTERS
+    from specbench.engine import SpecDecoder
+
+    drafter = None
+    if spec.drafter is not None:
+        try:
+            drafter = DRAFTERS.build(spec.drafter, target, **dict(spec.drafter_args))
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"--drafter {spec.drafter} with --drafter-arg {_pairs(spec.drafter_args)}: {exc}") from None
+    return SpecDecoder(target, spec, max_seq_len=args.max_seq_len, drafter=drafter)
+
+
+def _prompt_ids(target: Any, args: argparse.Namespace, prompt: str) -> list[int]:
+    from specbench.models.target import PromptError
+
+    try:
+        return target.encode(prompt) if args.raw else target.encode_chat(prompt)
+    except PromptError as exc:
+        raise UsageError(f"{_prompt_source(args)}: {exc}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from specbench.engine import SpecDecoder
-
     spec, sampling = spec_from_args(args)
-    target = _load(args)
-    decoder = SpecDecoder(target, spec, max_seq_len=args.max_seq_len)
-    ids = _prompt_ids(target, args)
+    prompt = read_prompt(args)
+    target, threads = _load(args)
+    decoder = _decoder(target, spec, args)
+    ids = _prompt_ids(target, args, prompt)
+    decoder.check_request(len(ids), args.max_new_tokens)
+    _say(threads)
     result = decoder.generate(ids, args.max_new_tokens, sampling)
     text = target.decode(result.tokens)
     summary = result.stats.summary()
     if args.json:
         print(json.dumps({
-            "prompt": args.prompt, "prompt_ids": result.prompt_ids, "token_ids": result.tokens, "text": text,
+            "prompt": prompt, "prompt_ids": result.prompt_ids, "token_ids": result.tokens, "text": text,
             "stats": summary, "config": {"target": target.name, "fingerprint": target.fingerprint,
                                          "spec": _plain(spec), "sampling": _plain(sampling)},
         }))
@@ -144,7 +294,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    from specbench.engine import SpecDecoder
     from specbench.trees.draw import draw_tree
 
     spec, sampling = spec_from_args(args)
@@ -152,15 +301,19 @@ def cmd_tree(args: argparse.Namespace) -> int:
         raise UsageError("specbench tree needs --drafter (plain AR decoding has no draft tree)")
     if args.round < 1:
         raise UsageError(f"--round counts from 1, got {args.round}")
-    target = _load(args)
-    decoder = SpecDecoder(target, spec, max_seq_len=args.max_seq_len)
+    prompt = read_prompt(args)
+    target, threads = _load(args)
+    decoder = _decoder(target, spec, args)
+    ids = _prompt_ids(target, args, prompt)
+    decoder.check_request(len(ids), args.max_new_tokens)
+    _say(threads)
     captured: dict[str, Any] = {}
 
     def keep(round_no: int, tree: Any, result: Any) -> None:
         if round_no == args.round:
             captured.update(tree=tree, result=result)
 
-    decoder.generate(_prompt_ids(target, args), args.max_new_tokens, sampling, on_round=keep)
+    decoder.generate(ids, args.max_new_tokens, sampling, on_round=keep)
     if not captured:
         raise UsageError(f"the request finished before round {args.round}; pick an earlier --round or raise --max-new-tokens")
     tree, result = captured["tree"], captured["result"]
@@ -181,7 +334,7 @@ def _plain(obj: Any) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(prog="specbench", description="Speculative-decoding testbed.")
+    parser = Parser(prog="specbench", description="Speculative-decoding testbed.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode one prompt and print text + stats")
@@ -216,16 +369,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (UsageError, ConfigError, RegistryError, ValueError, FileNotFoundError) as exc:
-        print(f"specbench: error: {exc}", file=sys.stderr)
+        print(f"specbench: error: {flag_message(exc, args)}", file=sys.stderr)
         return 2
     except Exception as exc:  # model loading and numerical failures: say what, not a traceback
         from specbench.engine import NonFiniteLogitsError
         from specbench.models.loader import ModelLoadError
 
         if isinstance(exc, (ModelLoadError, NonFiniteLogitsError)):
-            print(f"specbench: error: {exc}", file=sys.stderr)
+            print(f"specbench: error: {flag_message(exc, args)}", file=sys.stderr)
             return 2
         raise
+
+
+# Configuration keys whose flag is not `--` + the key with dashes (the value is the flag's argparse dest).
+FLAG_ALIASES = {"drafter_args": "drafter_arg", "tree_args": "tree_arg", "verifier_args": "verifier_arg",
+                "data_dir": "data"}
+
+
+def flag_message(exc: BaseException, args: argparse.Namespace) -> str:
+    """The error as one line, the configuration keys it names (`ConfigError.keys`) spelled as the
+    flags of the command that ran: max_seq_len -> --max-seq-len, allow_lossy=True -> --allow-lossy,
+    drafter_args checkpoint=DIR -> --drafter-arg checkpoint=DIR. Keys the command has no flag for
+    (a study's settings, given as key=value overrides) stay as they are."""
+    options = vars(args)
+
+    def flag_of(key: str) -> str | None:
+        for dest in (key, FLAG_ALIASES.get(key)):
+            if dest is not None and dest in options:
+                return "--" + dest.replace("_", "-")
+        return None
+
+    text = exc.spelled(flag_of) if isinstance(exc, ConfigError) else str(exc)
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import yaml
 
@@ -18,7 +19,28 @@ C = TypeVar("C")
 
 
 class ConfigError(ValueError):
-    """A configuration value is invalid; the message says which and what to do."""
+    """A configuration value is invalid; the message says which and what to do.
+
+    `keys` are the configuration keys the message names, each written in it as a word of its own,
+    bare or as `key=VALUE` ("raise max_seq_len", "set allow_lossy=True"), so that a front end whose
+    users spell them otherwise (the CLI's flags) can say them its own way with `spelled`.
+    """
+
+    def __init__(self, message: str, *, keys: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.keys = tuple(keys)
+
+    def spelled(self, flag_of: Callable[[str], str | None]) -> str:
+        """The message with each key that `flag_of` spells (e.g. max_seq_len -> "--max-seq-len") rewritten:
+        `key` -> flag, `key=True` -> flag (a switch), `key=VALUE` -> "flag VALUE"."""
+        text = str(self)
+        for key in self.keys:
+            flag = flag_of(key)
+            if flag is None:
+                continue
+            text = re.sub(rf"(?<![\w.-]){re.escape(key)}(?:=([^\s,;()]+))?(?![\w-])",
+                          lambda m: flag if m.group(1) in (None, "True") else f"{flag} {m.group(1)}", text)
+        return text
 
 
 @dataclass(frozen=True)
@@ -35,11 +57,12 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
-            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}",
+                              keys=("temperature",))
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", keys=("top_k",))
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            raise ConfigError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+            raise ConfigError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}", keys=("top_p",))
 
     @property
     def greedy(self) -> bool:
@@ -66,8 +89,9 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.drafter in ("none", "ar", ""):
             object.__setattr__(self, "drafter", None)
-        if not isinstance(self.budget, int) or self.budget < 1:
-            raise ConfigError(f"budget (draft nodes, root excluded) must be an integer >= 1, got {self.budget!r}")
+        if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
+            raise ConfigError(f"budget counts draft nodes (root excluded) and must be an integer >= 1, got "
+                              f"{self.budget!r}", keys=("budget",))
 
 
 @dataclass(frozen=True)
@@ -84,10 +108,22 @@ class RunConfig:
     attention: str = "auto"  # triton on CUDA, sdpa elsewhere
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        for key in ("max_new_tokens", "max_seq_len"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{key} must be an integer >= 1, got {value!r}", keys=(key,))
         if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}", keys=("dtype",))
+        # The shortest prompt (1 token), every new token and one verify pass of 1 + budget nodes must fit the
+        # cache: checked here, before any model loads (the prompt's own length is checked per request).
+        budget = self.spec.budget if self.spec.drafter is not None else 0
+        need = 1 + self.max_new_tokens + budget + 1
+        if need > self.max_seq_len:
+            with_budget, or_budget = (f" with budget={budget}", " or budget") if budget else ("", "")
+            raise ConfigError(
+                f"max_new_tokens={self.max_new_tokens}{with_budget} needs a KV cache of at least {need} tokens (for a "
+                f"one-token prompt), more than max_seq_len={self.max_seq_len}: lower max_new_tokens{or_budget}, or "
+                f"raise max_seq_len", keys=("max_new_tokens", "budget", "max_seq_len"))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -126,20 +126,18 @@ class SpecDecoder:
         context = target.config.max_position_embeddings
         max_seq_len = max_seq_len if max_seq_len is not None else min(2048, context)
         if max_seq_len > context:
-            raise ConfigError(
-                f"max_seq_len {max_seq_len} exceeds the target's context ({target.config.max_position_embeddings})")
+            raise ConfigError(f"max_seq_len={max_seq_len} exceeds the target's context ({context})", keys=("max_seq_len",))
         self.max_seq_len = max_seq_len
         self.verifier = verifier or VERIFIERS.build(self.spec.verifier, **dict(self.spec.verifier_args))
         if not self.verifier.lossless and not self.spec.allow_lossy:
-            raise ConfigError(
-                f"verifier {self.spec.verifier!r} is not lossless; set allow_lossy=True to run it anyway")
+            raise ConfigError(f"verifier {self.spec.verifier!r} is not lossless; set allow_lossy=True to run it anyway",
+                              keys=("allow_lossy",))
         self.policy = policy or TREE_POLICIES.build(self.spec.tree, **dict(self.spec.tree_args))
         if drafter is None and self.spec.drafter is not None:
             drafter = DRAFTERS.build(self.spec.drafter, target, **dict(self.spec.drafter_args))
         self.drafter = drafter
-        if drafter is not None and drafter.policies is not None and self.policy.name not in drafter.policies:
-            raise ConfigError(
-                f"drafter {self.spec.drafter!r} works with tree policies {list(drafter.policies)}, not {self.policy.name!r}")
+        if drafter is not None:
+            drafter.check_policy(self.policy.name)
         is_cuda = target.device.type == "cuda"
         self.cuda_graphs = is_cuda and (cuda_graphs is None or bool(cuda_graphs))
         self.device_drafting = drafter is None or drafter.capturable(self.policy)
@@ -173,7 +171,8 @@ class SpecDecoder:
             raise ConfigError(
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + budget + 1 = {need} exceeds "
                 f"the {self.max_seq_len}-token context the cache was built for: shorten the prompt, lower "
-                f"max_new_tokens, or raise max_seq_len (at most {self.target.config.max_position_embeddings})")
+                f"max_new_tokens, or raise max_seq_len (at most {self.target.config.max_position_embeddings})",
+                keys=("max_new_tokens", "max_seq_len"))
 
     @torch.inference_mode()
     def generate(
@@ -192,7 +191,7 @@ class SpecDecoder:
         sampling = sampling or SamplingConfig()
         prompt = [int(t) for t in prompt_ids]
         if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}", keys=("max_new_tokens",))
         self.check_request(len(prompt), max_new_tokens)
         self.verifier.check(sampling)
         vocab = self.target.config.vocab_size

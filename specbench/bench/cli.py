@@ -10,9 +10,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tqdm import tqdm
+
 from specbench.bench.store import RESULTS_FILE, ResultsError
 from specbench.bench.study import StudyError, load_study
 from specbench.bench.table import FORMATS, SPREADS, make_table
+from specbench.cli import UsageError, add_threads_arg, flag_message, set_decode_threads
 from specbench.config import ConfigError
 from specbench.data import DATA_ENV, DataError
 from specbench.registry import RegistryError
@@ -29,8 +32,8 @@ def _user_errors(command: str) -> Callable[[Callable[[argparse.Namespace], int]]
 
             try:
                 return handler(args)
-            except (*USER_ERRORS, ModelLoadError) as exc:
-                print(f"specbench {command}: error: {exc}", file=sys.stderr)
+            except (*USER_ERRORS, ModelLoadError, UsageError) as exc:
+                print(f"specbench {command}: error: {flag_message(exc, args)}", file=sys.stderr)
                 return 2
         return run
     return wrap
@@ -51,12 +54,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dtype:
         overrides.append(f"dtype={args.dtype}")
     study = load_study(args.study).with_overrides(overrides)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-        import torch
-
-        torch.set_num_threads(args.threads)
     if args.dry_run:
         plan = plan_study(study)
         for note in plan.notes:
@@ -67,9 +64,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{len(plan.variants)} configurations x datasets {datasets}")
         return 0
     out = Path(args.out) if args.out else default_out_dir(study)
+    pending = [set_decode_threads(args.threads, study.device)]
+
+    def log(message: str) -> None:  # the threads line goes out with the run's first line (a bad study: one line)
+        for line in filter(None, pending):
+            tqdm.write(line, file=sys.stderr)
+        pending.clear()
+        tqdm.write(message, file=sys.stderr)
+
     start = time.perf_counter()
     try:
-        result = run_study(study, data_dir=args.data_dir, out_dir=out, progress=not args.no_progress)
+        result = run_study(study, data_dir=args.data_dir, out_dir=out, progress=not args.no_progress, log=log)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished generation is saved in {out / RESULTS_FILE}; rerun the same command "
               f"to resume", file=sys.stderr)
@@ -113,8 +118,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--out", default=None, help="run directory (default: runs/<study name>)")
     run.add_argument("--device", default=None, help="cpu or cuda (overrides the study's)")
     run.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
-    run.add_argument("--threads", type=int, default=None,
-                     help="torch CPU threads (default: torch's choice; 1 can be faster on a busy shared machine)")
+    add_threads_arg(run)
     run.add_argument("--dry-run", action="store_true", help="list the configurations and exit")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)

@@ -96,17 +96,18 @@ def _grid_configs(study: Study, grid: Grid, index: int, notes: list[str]) -> lis
             continue
         if not verifier_cls.lossless and not grid.allow_lossy:
             raise StudyError(f"{where}: verifier {verifier!r} is not lossless; set allow_lossy=True in its Grid to run it")
-        policies = getattr(drafter_cls, "policies", None)
-        if policies is not None and tree not in policies:
-            note = f"skipped {drafter}/{tree}: drafter {drafter!r} works with tree policies {list(policies)}"
-            if note not in notes:
-                notes.append(note)
-            continue
         try:
             sampling = SamplingConfig(temperature=float(temperature), top_k=study.top_k, top_p=study.top_p, seed=study.seed)
             VERIFIERS.build(verifier, **dict(grid.verifier_args)).check(sampling)
         except ValueError as exc:
             note = f"skipped verifier {verifier!r} at T={temperature}: {exc}"
+            if note not in notes:
+                notes.append(note)
+            continue
+        try:
+            drafter_cls.check_policy(tree, sampled=verifier_cls.needs_draft_probs and not sampling.greedy)
+        except ConfigError as exc:
+            note = f"skipped {drafter}/{tree}/{verifier} at T={temperature}: {exc}"
             if note not in notes:
                 notes.append(note)
             continue

@@ -1,6 +1,8 @@
 """`specbench plot`: PNGs of a results file (matplotlib, Agg backend, no display needed).
 
 tau_vs_budget.png   mean tau against the budget, one line per drafter/tree, one panel per dataset
+                    (when no drafter/tree was run at two budgets or more, tau.png instead: bars per
+                    configuration, as speedup.png; a line through one budget is a dot)
 speedup.png         decode-only speed-up over AR (mean ± std over prompts) per configuration and dataset
 accept_by_depth.png P(at least k draft tokens accepted) against k, rounds pooled over prompts
 """
@@ -45,9 +47,23 @@ def plot_tau_vs_budget(sd: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def several_budgets(sd: pd.DataFrame) -> bool:
+    """Whether some drafter/tree was run at two budgets or more on one dataset (a line to draw)."""
+    return bool((sd.groupby(["dataset", "drafter", "tree"])["budget"].nunique() > 1).any())
+
+
+def plot_tau(sd: pd.DataFrame, path: Path) -> None:
+    plot_bars(sd, "tau", "tau (tokens / verify pass)", path, reference=None)
+
+
 def plot_speedup(sd: pd.DataFrame, path: Path) -> None:
+    plot_bars(sd, "speedup_decode", "speed-up over AR (decode only)", path, reference=1.0)
+
+
+def plot_bars(sd: pd.DataFrame, value: str, ylabel: str, path: Path, reference: float | None) -> None:
+    """Mean ± std over prompts of `value`, one bar per configuration and dataset."""
     sd = sd.assign(config=sd.apply(config_label, axis=1))
-    stats = sd.groupby(["config", "dataset"])["speedup_decode"].agg(["mean", "std"]).unstack("dataset")
+    stats = sd.groupby(["config", "dataset"])[value].agg(["mean", "std"]).unstack("dataset")
     configs, datasets = list(stats.index), list(stats["mean"].columns)
     x = np.arange(len(configs))
     width = 0.8 / max(len(datasets), 1)
@@ -55,10 +71,11 @@ def plot_speedup(sd: pd.DataFrame, path: Path) -> None:
     for i, dataset in enumerate(datasets):
         ax.bar(x + i * width, stats["mean"][dataset].to_numpy(), width, yerr=stats["std"][dataset].fillna(0).to_numpy(),
                capsize=2, label=dataset)
-    ax.axhline(1.0, color="black", linewidth=0.8)
+    if reference is not None:
+        ax.axhline(reference, color="black", linewidth=0.8)
     ax.set_xticks(x + width * (len(datasets) - 1) / 2)
     ax.set_xticklabels(configs, rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("speed-up over AR (decode only)")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -100,8 +117,8 @@ def make_plots(paths: Iterable[str | Path], out_dir: str | Path, where: tuple[st
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, plot in (("tau_vs_budget.png", plot_tau_vs_budget), ("speedup.png", plot_speedup),
-                       ("accept_by_depth.png", plot_accept_by_depth)):
+    tau = ("tau_vs_budget.png", plot_tau_vs_budget) if several_budgets(sd) else ("tau.png", plot_tau)
+    for name, plot in (tau, ("speedup.png", plot_speedup), ("accept_by_depth.png", plot_accept_by_depth)):
         plot(sd, out / name)
         written.append(out / name)
     return written

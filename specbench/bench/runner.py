@@ -217,7 +217,7 @@ def _run_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, s
                 result = decoder.generate(prompt_ids, unit.variant.run.max_new_tokens, sampling)
             except ConfigError as exc:
                 raise ConfigError(f"{unit.dataset.label} item {unit.item.id!r} turn {unit.turn} "
-                                  f"({unit.variant.label}): {exc}") from None
+                                  f"({unit.variant.label}): {exc}", keys=exc.keys) from None
             row = make_row(study, unit, target, result, seed, prov)
             store.append(row)
             written += 1

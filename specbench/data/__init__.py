@@ -1,6 +1,6 @@
 """Benchmark datasets (registered by name) and the draft-head training prompts.
 
-    load_dataset("gsm8k", data_dir="../shared/data", n=20)   # -> list[Prompt]
+    load_dataset("gsm8k", data_dir="DATA_DIR", n=20)   # -> list[Prompt]
     load_dataset("jsonl:my.jsonl", prompt_field="question", id_field="qid")
     training_prompts("sharegpt", data_dir)                   # -> list[str]
 

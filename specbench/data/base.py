@@ -1,7 +1,7 @@
 """What a benchmark item is, where the data files live, and how they are read.
 
 Benchmark files are never part of the repository: they are read from a data directory named by
-`--data-dir` (Python: `data_dir=`) or `$SPECBENCH_DATA`. Every missing piece is an error that says
+`data_dir=` (the CLI's `--data-dir`; `specbench train --data`) or `$SPECBENCH_DATA`. Every missing piece is an error that says
 which file is needed, where it was looked for and how to point specbench at it.
 """
 
@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Union
 
+from specbench.config import ConfigError
+
 DATA_ENV = "SPECBENCH_DATA"
 
 #: A user turn: text (formatted with the target's chat template) or token ids (used as they are,
@@ -21,8 +23,8 @@ DATA_ENV = "SPECBENCH_DATA"
 Turn = Union[str, tuple[int, ...]]
 
 
-class DataError(ValueError):
-    """A dataset cannot be found or read; the message says what to do."""
+class DataError(ConfigError):
+    """A dataset cannot be found or read; the message says what to do (naming `data_dir` as a key)."""
 
 
 @dataclass(frozen=True)
@@ -52,15 +54,15 @@ def resolve_data_dir(data_dir: str | Path | None, needed_for: str) -> Path:
     chosen = data_dir if data_dir is not None else os.environ.get(DATA_ENV) or None
     if chosen is None:
         raise DataError(
-            f"{needed_for} is read from a data directory, and none was given: pass --data-dir DIR "
-            f"(Python: data_dir=DIR) or set {DATA_ENV}=DIR, where DIR holds the benchmark files "
+            f"{needed_for} is read from a data directory, and none was given: pass data_dir=DIR "
+            f"or set {DATA_ENV}=DIR, where DIR holds the benchmark files "
             f"(gsm8k_test.jsonl, math500.jsonl, humaneval.jsonl.gz, mbpp.jsonl, mt_bench_question.jsonl, ...). "
-            f"Without one, use the datasets that ship with specbench: 'builtin' or 'humaneval'")
+            f"Without one, use the datasets that ship with specbench: 'builtin' or 'humaneval'", keys=("data_dir",))
     path = Path(chosen).expanduser()
     if not path.is_dir():
-        source = "--data-dir" if data_dir is not None else f"${DATA_ENV}"
+        source = "data_dir" if data_dir is not None else f"${DATA_ENV}"
         raise DataError(f"data directory {str(path)!r} (from {source}) does not exist; point {source} at the "
-                        f"directory that holds the benchmark files")
+                        f"directory that holds the benchmark files", keys=("data_dir",))
     return path
 
 
@@ -70,8 +72,8 @@ def data_file(data_dir: str | Path | None, filename: str, dataset: str, source: 
     path = directory / filename
     if not path.is_file():
         raise DataError(f"dataset {dataset!r} needs {filename} in the data directory {str(directory)!r}, which "
-                        f"lacks it: put the file there (it is {source}) or point --data-dir / ${DATA_ENV} at a "
-                        f"directory that has it")
+                        f"lacks it: put the file there (it is {source}) or point data_dir / ${DATA_ENV} at a "
+                        f"directory that has it", keys=("data_dir",))
     return path
 
 

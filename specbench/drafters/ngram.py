@@ -35,10 +35,12 @@ def find_continuations(tokens: np.ndarray, max_ngram: int, min_ngram: int, max_m
 @DRAFTERS.register("ngram")
 class NgramDrafter(Drafter):
     """Prompt lookup. Trie node score = log(fraction of matches that pass through it), so `chain`
-    takes the majority continuation (ties: the most recent match) and top-B policies keep the
-    best-supported branches."""
+    takes the majority continuation (ties: the most recent match), `ddtree` keeps the best-supported
+    `budget` nodes (its top-B rule on the trie) and `static` the trie nodes its template ranks name.
+    The other policies' rules (beams, fan-out caps) need per-depth scores, which a trie has not."""
 
     name = "ngram"
+    policies = ("chain", "ddtree", "ddtree-vec", "static")
 
     def __init__(self, target: TargetModel, max_ngram: int = 3, min_ngram: int = 1, max_matches: int = 8) -> None:
         super().__init__(target)

@@ -185,32 +185,76 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     return cfg, hf_to_native(cfg, read_safetensors(files))
 
 
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (1, 2, 3)
+
+
+def check_gguf_header(path: Path) -> None:
+    """ModelLoadError unless `path` starts like a GGUF file: the magic, a known version, and plausible
+    tensor and metadata counts (read before hashing or dequantizing it; 24 bytes, no parsing)."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    if head[:4] != GGUF_MAGIC:
+        raise ModelLoadError(f"{str(path)!r} is not a GGUF file (it starts with {head[:4]!r}, not {GGUF_MAGIC!r}); "
+                             f"gguf:PATH needs a GGUF model file of a Llama, Qwen2 or Qwen3 model")
+    if len(head) < 24:
+        raise ModelLoadError(f"{str(path)!r} is a truncated GGUF file ({len(head)} bytes)")
+    version, tensors, fields = struct.unpack("<IQQ", head[4:24])
+    if version not in GGUF_VERSIONS or not (0 < tensors < 1 << 20) or fields >= 1 << 20:
+        raise ModelLoadError(f"{str(path)!r} has a malformed GGUF header (version {version}, {tensors} tensors, "
+                             f"{fields} metadata fields)")
+
+
 def dequantize_gguf_to_cache(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a GGUF through transformers + gguf once and store a Hugging Face directory
-    (config.json, model.safetensors, tokenizer files) in `out_dir`."""
+    (config.json, model.safetensors, tokenizer files) in `out_dir`. It is written into a temporary
+    folder beside `out_dir` and renamed into place only when complete: a failure leaves nothing."""
+    import shutil
+    import uuid
+
+    check_gguf_header(gguf_path)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:  # pragma: no cover
         raise ModelLoadError(f"reading GGUF needs transformers and gguf ({exc})") from exc
     log(f"dequantizing {gguf_path.name} once (about 20 s); cached in {out_dir}")
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
-    kw = dict(gguf_file=gguf_path.name)
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kw)
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), dtype=torch.float32, **kw)
-    cfg = ModelConfig.from_hf(hf.config.to_dict())
-    sd = hf.state_dict()
-    native = hf_to_native(cfg, sd)
-    save_hf_dir(cfg, native, tmp)
-    tok.save_pretrained(str(tmp))
-    gen = getattr(hf, "generation_config", None)
-    if gen is not None:
-        gen.save_pretrained(str(tmp))
-    if out_dir.exists():
-        import shutil
-
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    made = [d for d in (out_dir.parent, *out_dir.parent.parents) if not d.exists()]  # deepest first
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")  # this process's own
+    tmp.mkdir()  # (mkdir, not mkdtemp: the cached copy gets the umask's permissions, not 0700)
+    try:
+        kw = dict(gguf_file=gguf_path.name)
+        try:
+            tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kw)
+            hf = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), dtype=torch.float32, **kw)
+        except Exception as exc:  # transformers/gguf raise many types for a malformed or unsupported file
+            raise ModelLoadError(f"cannot read the GGUF {str(gguf_path)!r}: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        cfg = ModelConfig.from_hf(hf.config.to_dict())
+        native = hf_to_native(cfg, hf.state_dict())
+        save_hf_dir(cfg, native, tmp)
+        tok.save_pretrained(str(tmp))
+        gen = getattr(hf, "generation_config", None)
+        if gen is not None:
+            gen.save_pretrained(str(tmp))
+        if out_dir.exists() and not (out_dir / "config.json").is_file():
+            shutil.rmtree(out_dir)  # an incomplete copy (left by a version that wrote in place)
+        try:
+            tmp.rename(out_dir)
+        except OSError:  # another process finished the same copy first: keep theirs
+            if not (out_dir / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        for d in made:  # folders this call created and left empty (a failure)
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
 
 
 def save_hf_dir(cfg: ModelConfig, native_sd: Mapping[str, Tensor], out_dir: Path) -> None:

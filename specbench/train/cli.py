@@ -1,6 +1,6 @@
 """`specbench train`: train one or more heads together on a frozen target.
 
-    specbench train --drafter dflash,jetspec,jetspec-tree --data ../shared/data --out runs/heads      # small run
+    specbench train --drafter dflash,jetspec,jetspec-tree --data DATA_DIR --out runs/heads      # small run
     specbench train --drafter dflash,jetspec,jetspec-tree,eagle3 --corpus CORPUS --epochs 3 --out RUN  # at scale
     specbench train --drafter dflash,jetspec --grid num_layers=2,3 --grid block_size=8 --corpus CORPUS --out RUN
     specbench train-report RUN                        # summary (has the validation loss flattened?) + PNG per head
@@ -210,6 +210,24 @@ def load_prompts(args: argparse.Namespace, target: Any) -> list[list[int]]:
                                seed=args.seed)
 
 
+def check_before_loading(args: argparse.Namespace, labels: dict[str, str]) -> None:
+    """What needs no model: the heads are trainable and the training prompts (or the corpus) can be found."""
+    from specbench.data import TRAINING_SETS, resolve_data_dir
+    from specbench.train import OBJECTIVES
+
+    for label, objective in labels.items():
+        if objective not in OBJECTIVES and ":" not in objective:  # (a dotted path is imported later)
+            raise ValueError(f"--drafter {label}: no training objective {objective!r}; trainable heads: "
+                             f"{', '.join(OBJECTIVES.names())}")
+    if args.synthetic_prompts or args.corpus:
+        return
+    sets = [s for s in args.sets.split(",") if s]
+    unknown = [s for s in sets if s not in TRAINING_SETS]
+    if unknown or not sets:
+        raise ValueError(f"--sets {args.sets}: training sets are {', '.join(TRAINING_SETS)}")
+    resolve_data_dir(args.data, f"the training prompts ({', '.join(sets)})")
+
+
 def load_training_data(args: argparse.Namespace, target: Any, out: Path, deadline: float | None, start: float):  # type: ignore[no-untyped-def]
     """(train store, validation store or None, data identity)."""
     from specbench.train.sequences import TokenStore
@@ -260,6 +278,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     labels = parse_drafters(args.drafter)
     settings = parse_head_args(args.head_arg, list(labels))
     labels, settings = expand_grid(labels, settings, args.grid)
+    check_before_loading(args, labels)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.device.startswith("cuda") and not args.no_tf32:  # the heads' fp32 matmuls on TF32 tensor cores
         import torch

@@ -76,6 +76,19 @@ def test_plan_adds_ar_baselines_and_skips_incompatible_combinations() -> None:
     assert len({v.key for v in plan.variants}) == len(plan.variants)
 
 
+def test_plan_skips_policies_a_drafter_cannot_use_with_its_reason() -> None:
+    plan = plan_study(small_study(drafters=("ngram",), trees=("chain", "eagle2")))
+    assert [v.label for v in plan.variants] == ["ar", "ngram/chain/greedy/b8"]
+    assert any("ngram/eagle2/greedy at T=0.0: drafter 'ngram' cannot draft with tree='eagle2'" in n for n in plan.notes)
+    plan = plan_study(small_study(drafters=("dflash",), trees=("chain", "ddtree"), verifiers=("tree-rrs", "sample-walk"),
+                                  temperatures=(0.7,), optional=True))
+    labels = {v.label for v in plan.variants}
+    if "dflash" in DRAFTERS:
+        assert {"dflash/chain/tree-rrs/b8", "dflash/ddtree/sample-walk/b8"} <= labels
+        assert "dflash/ddtree/tree-rrs/b8" not in labels
+        assert any("dflash/ddtree/tree-rrs at T=0.7" in n and "the policies it can then: chain" in n for n in plan.notes)
+
+
 def test_missing_drafter_fails_with_its_name_unless_optional() -> None:
     with pytest.raises(StudyError, match=r"drafter 'no-such-head' is not registered \(registered: .*ngram"):
         plan_study(small_study(drafters=("ngram", "no-such-head")))

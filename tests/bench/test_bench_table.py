@@ -88,6 +88,12 @@ def test_plots_are_written(results: Path, tmp_path: Path) -> None:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
 
 
+def test_a_single_budget_gets_bars_not_a_column_of_dots(results: Path, tmp_path: Path) -> None:
+    paths = make_plots([results], tmp_path / "one", where=("budget=0,8",))  # AR and ngram at budget 8 only
+    assert sorted(p.name for p in paths) == ["accept_by_depth.png", "speedup.png", "tau.png"]
+    assert all(p.stat().st_size > 5000 for p in paths)
+
+
 def test_cli_table_and_plot(results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["table", str(results.parent), "--rows", "drafter", "--cols", "", "--value", "tau"]) == 0
     out = capsys.readouterr().out

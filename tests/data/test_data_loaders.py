@@ -140,9 +140,10 @@ def test_jsonl_errors_name_the_line_and_field(tmp_path: Path) -> None:
 
 def test_missing_data_dir_says_which_flag_and_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("SPECBENCH_DATA", raising=False)
-    with pytest.raises(DataError, match=r"gsm8k_test.jsonl.*--data-dir DIR.*SPECBENCH_DATA=DIR"):
+    with pytest.raises(DataError, match=r"gsm8k_test.jsonl.*data_dir=DIR.*SPECBENCH_DATA=DIR") as missing:
         load_dataset("gsm8k")
-    with pytest.raises(DataError, match=r"data directory .*nowhere.* \(from --data-dir\) does not exist"):
+    assert "pass --data DIR" in missing.value.spelled(lambda key: "--data" if key == "data_dir" else None)
+    with pytest.raises(DataError, match=r"data directory .*nowhere.* \(from data_dir\) does not exist"):
         load_dataset("gsm8k", tmp_path / "nowhere")
     monkeypatch.setenv("SPECBENCH_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(DataError, match=r"from \$SPECBENCH_DATA\) does not exist"):

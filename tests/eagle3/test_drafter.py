@@ -170,7 +170,9 @@ def test_sampled_chain_records_its_draft_law(tiny8) -> None:
 
 
 def test_missing_shipped_head_is_a_clear_error(tiny8) -> None:
-    with pytest.raises(FileNotFoundError, match="random_init"):
+    from specbench.drafters.heads.checkpoint import HeadCheckpointError
+
+    with pytest.raises(HeadCheckpointError, match=r"specbench train --drafter eagle3 .*--data DATA_DIR.*random_init"):
         Eagle3Drafter(tiny8)
 
 

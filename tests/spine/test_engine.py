@@ -90,6 +90,31 @@ def test_greedy_verifier_refuses_sampling(tiny) -> None:
         dec.generate([1, 2], 4, SamplingConfig(temperature=0.8))
 
 
+def test_a_drafter_refuses_a_policy_it_cannot_use(tiny) -> None:
+    """ngram selects from a scored trie: chain, ddtree (top-B) and static templates apply; eagle2's beams
+    and fan-out caps need per-depth scores, so they are refused with the list, not ignored."""
+    with pytest.raises(ConfigError, match=r"drafter 'ngram' cannot draft with tree='eagle2'; the policies it can: "
+                                          r"chain, ddtree, ddtree-vec, static") as refused:
+        SpecDecoder(tiny, SpecConfig(drafter="ngram", tree="eagle2"), max_seq_len=64)
+    assert refused.value.keys == ("tree",)
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    ar = _ar(tiny, prompt, 12)
+    for tree, args in (("chain", {}), ("ddtree", {}), ("static", {"tree": "default-31"})):
+        spec = SpecConfig(drafter="ngram", tree=tree, tree_args=args, budget=4)
+        assert SpecDecoder(tiny, spec, max_seq_len=128).generate(prompt, 12).tokens == ar
+
+
+def test_sampled_parallel_drafts_need_chain_and_say_which_verifier_keeps_a_tree() -> None:
+    from specbench.drafters import DRAFTERS
+
+    dflash = DRAFTERS.get("dflash")
+    dflash.check_policy("ddtree")  # deterministic trees: any policy
+    dflash.check_policy("chain", sampled=True)
+    with pytest.raises(ConfigError, match=r"the policies it can then: chain\. To keep that policy, verify with "
+                                          r"verifier=sample-walk or verifier=tree-rrs-pointmass"):
+        dflash.check_policy("ddtree", sampled=True)
+
+
 def test_lossy_verifier_is_refused_unless_allowed(tiny) -> None:
     from specbench.verify.walk import SampleWalk
 

@@ -248,12 +248,13 @@ class Eagle3Drafter(Drafter):
 
 
 def _shipped_head_dir(target: TargetModel) -> Path:
-    from specbench.drafters.heads.checkpoint import default_head_dir
+    from specbench.drafters.heads.checkpoint import HeadCheckpointError, default_head_dir, train_hint
 
     directory = default_head_dir("eagle3", target)
     if not (directory / "config.json").is_file():
-        raise FileNotFoundError(
+        raise HeadCheckpointError(
             f"no eagle3 head is shipped for target {target.name!r} (looked in {str(directory)!r}). Train one with "
-            f"the shared trainer (objective 'eagle3') and pass drafter_args checkpoint=DIR, or copy it to that "
-            f"directory; for an untrained head (tests, timing) pass drafter_args random_init=true")
+            f"{train_hint('eagle3', target)} and pass drafter_args checkpoint=DIR/heads/eagle3, or copy it to that "
+            f"directory; for an untrained head (tests, timing) pass drafter_args random_init=true",
+            keys=("drafter_args",))
     return directory

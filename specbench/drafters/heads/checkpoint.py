@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from specbench.config import ConfigError
 from specbench.models.target import TargetModel
 
 WEIGHTS_FILE = "head.safetensors"
@@ -26,8 +27,13 @@ SCALE_SUFFIX = ".int8_scale"
 FORMAT_VERSION = 1
 
 
-class HeadCheckpointError(ValueError):
+class HeadCheckpointError(ConfigError):
     """A head checkpoint is missing, malformed, or made for another target; the message says what to do."""
+
+
+def train_hint(drafter: str, target: TargetModel) -> str:
+    """The command that trains a head for `target` (what every missing-head message suggests)."""
+    return f"`specbench train --drafter {drafter} --target {target.name} --data DATA_DIR --out DIR`"
 
 
 def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -75,7 +81,7 @@ def load_head(directory: str | Path, target: TargetModel) -> tuple[dict[str, Ten
     if not (d / CONFIG_FILE).is_file() or not (d / WEIGHTS_FILE).is_file():
         raise HeadCheckpointError(
             f"{str(d)!r} is not a head checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE}); train one with "
-            f"`specbench train --drafter NAME --target {target.name} --out DIR` and pass drafter_args checkpoint=DIR")
+            f"{train_hint('NAME', target)} and pass drafter_args checkpoint=DIR/heads/NAME", keys=("drafter_args",))
     meta = json.loads((d / CONFIG_FILE).read_text())
     if meta.get("format_version") != FORMAT_VERSION or "head" not in meta:
         raise HeadCheckpointError(f"{str(d / CONFIG_FILE)!r} has an unknown format (format_version {meta.get('format_version')!r})")
@@ -85,7 +91,7 @@ def load_head(directory: str | Path, target: TargetModel) -> tuple[dict[str, Ten
             f"{meta.get('target_fingerprint')}), but the loaded target {target.name!r} has fingerprint "
             f"{target.fingerprint}: "
             f"a head only works on the model it was trained on. Train one for this target with "
-            f"`specbench train --drafter {meta['head'].get('drafter', 'NAME')} --target {target.name} --out DIR`")
+            f"{train_hint(meta['head'].get('drafter', 'NAME'), target)}")
     raw = load_file(str(d / WEIGHTS_FILE))
     state: dict[str, Tensor] = {}
     for name, t in raw.items():

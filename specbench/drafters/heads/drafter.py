@@ -16,9 +16,10 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from specbench.config import ConfigError
 from specbench.drafters.base import Drafter, DraftState
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig
-from specbench.drafters.heads.checkpoint import HeadCheckpointError, default_head_dir, load_head
+from specbench.drafters.heads.checkpoint import HeadCheckpointError, default_head_dir, load_head, train_hint
 from specbench.drafters.heads.masks import block_pattern
 from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache
 from specbench.models.target import TargetModel
@@ -32,8 +33,8 @@ def load_trained_head(drafter: str, target: TargetModel, checkpoint: str | Path 
     if checkpoint is None and not directory.is_dir():
         raise HeadCheckpointError(
             f"no trained {drafter!r} head ships for target {target.name!r} (looked in {str(directory)!r}). Train one "
-            f"with `specbench train --drafter {drafter} --target {target.name} --data DATA_DIR --out DIR` and pass "
-            f"drafter_args checkpoint=DIR/heads/{drafter} (CLI: --drafter-arg checkpoint=DIR/heads/{drafter})")
+            f"with {train_hint(drafter, target)} and pass drafter_args checkpoint=DIR/heads/{drafter}",
+            keys=("drafter_args",))
     state, config = load_head(directory, target)
     head = DraftHead(target.config, HeadConfig.from_dict(config))
     head.load_state_dict(state)
@@ -78,11 +79,12 @@ class HeadDrafter(Drafter):
         if self.needs_clean_next and not cfg.clean_next:
             raise ValueError(
                 f"the {self.name!r} drafter needs a head trained on clean-prefix blocks with next-token labels "
-                f"(clean_next); this {cfg.drafter!r} head was not: train one with `specbench train --drafter {self.name}`")
+                f"(clean_next); this {cfg.drafter!r} head was not: train one with {train_hint(self.name, target)}")
         self.head = head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
         self.block_size = block_size if block_size is not None else cfg.block_size
         if not 2 <= self.block_size <= cfg.block_size:
-            raise ValueError(f"block_size must be in [2, {cfg.block_size}] (the size the head was trained on), got {self.block_size}")
+            raise ConfigError(f"block_size must be in [2, {cfg.block_size}] (the size the head was trained on), got "
+                              f"drafter_args block_size={self.block_size}", keys=("drafter_args",))
         self.max_path = self.block_size + 1  # accepted nodes per round, root included (a tree's depth <= block)
         self.cache: KVCache | None = None
 

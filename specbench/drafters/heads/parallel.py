@@ -21,6 +21,8 @@ class ParallelHeadDrafter(HeadDrafter):
     law is fixed before its draw); this needs the `chain` policy.
     """
 
+    sampled_policies = ("chain",)
+
     def phases(self, state: DraftState, policy: TreePolicy, budget: int) -> list[Phase]:
         if state.want_draft_probs:
             return [("draft", lambda _: self.sample_chain(state, policy, self.block_logp(state)[:budget]))]
@@ -49,9 +51,7 @@ class ParallelHeadDrafter(HeadDrafter):
         return policy.build(scores, budget)
 
     def sample_chain(self, state: DraftState, policy: TreePolicy, logp: torch.Tensor) -> DraftTree:
-        if policy.name != "chain":
-            raise ValueError(f"{self.name}: sampled drafts (verifier reads draft probabilities) need the chain policy, "
-                             f"not {policy.name!r}; use a walk verifier (greedy / sample-walk) for trees")
+        self.check_policy(policy.name, sampled=True)
         probs = process_logits(logp, state.sampling)  # [D, V]
         tokens = [state.draft_rng.categorical(row) for row in probs]
         return DraftTree.chain(state.anchor, tokens, draft_probs=probs, device=self.target.device)
