@@ -1,7 +1,7 @@
 """Quickstart: AR decoding against every shipped drafter, with the default target (SmolLM2-135M-Instruct)
 in fp32 on the CPU, greedy, on three of specbench's own arithmetic word problems (48 new tokens each).
-About 2 minutes on two shared cores (the 21 generations took 101 s at load average 2-3.5); the first
-run adds the model's one-time fetch and dequantization.
+About 2 minutes on two shared cores (the 21 generations took 96-118 s at load average 1-3.5); the
+first run adds the model's one-time fetch and dequantization.
 
     specbench run experiments/quickstart.py              # prints tau and speed-up per drafter
     specbench run experiments/quickstart.py n=8 max_new_tokens=[256]   # more prompts, longer answers
