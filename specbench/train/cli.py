@@ -217,7 +217,8 @@ def check_before_loading(args: argparse.Namespace, labels: dict[str, str]) -> No
 
     for label, objective in labels.items():
         if objective not in OBJECTIVES and ":" not in objective:  # (a dotted path is imported later)
-            raise ValueError(f"--drafter {label}: no training objective {objective!r}; trainable heads: "
+            entry = objective if label == objective else f"{label}={objective}"
+            raise ValueError(f"--drafter {entry}: no training objective of that name; trainable heads: "
                              f"{', '.join(OBJECTIVES.names())}")
     if args.synthetic_prompts or args.corpus:
         return

@@ -115,8 +115,10 @@ class DraftTree:
         scores: Sequence[float] | None = None,
         device: torch.device | str = "cpu",
     ) -> "DraftTree":
-        """A tree from host lists (what heap builders produce), moved to `device` in one copy each."""
-        ints = torch.tensor([list(tokens), list(parents), list(depth)], dtype=torch.long).to(device)
+        """A tree from host lists (what heap builders produce), moved to `device` in one copy each. A token
+        may be a one-element tensor (a device anchor handed to a host builder: read back here)."""
+        tokens = [int(t) for t in tokens]
+        ints = torch.tensor([tokens, list(parents), list(depth)], dtype=torch.long).to(device)
         tree = cls(tokens=ints[0], parents=ints[1], depth=ints[2])
         if scores is not None:
             tree.scores = torch.tensor(list(scores), dtype=torch.float32).to(device)
