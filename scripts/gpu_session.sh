@@ -149,6 +149,10 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
     since "AR: native vs transformers generate (bf16, every prompt warmed up)"
     timeout "${SPINE_SECONDS:-150}" python3 scripts/bench_spine.py --device cuda --dtype bfloat16 --data-dir /root/data \
       --prompts 3 --new-tokens 96 --gsm8k 3 --budgets 8 --json-out $R/bench_spine.json 2>&1 | grep -v -i warn | tail -24
+    since "where eagle3's drafting goes: kernels of one request (profile_round --kernels)"
+    timeout "${PROFILE_SECONDS:-90}" python3 scripts/profile_round.py --device cuda --dtype bfloat16 --prompts 1 \
+      --max-new-tokens 96 --top 14 --configs eagle3/eagle2/64 --kernels > $R/profile_eagle3.txt 2>&1
+    grep -E "^== |Self CUDA time total" $R/profile_eagle3.txt
     tar -czf "$OUT/round2.tgz" -C /root/results round2
     since done ;;
   *) echo "unknown step $step"; exit 2 ;;
