@@ -214,7 +214,7 @@ def plan_attention(batch: int, kv_heads: int, group: int, n: int, context_hint: 
         block_m, block_s, warps, stages = 128, 64, 8, 3
     base = batch * kv_heads * triton.cdiv(rows, block_m)
     want = triton.cdiv(2 * num_sms(device), base)
-    splits = max(1, min(want, context_hint // block_s, 64))  # at least one key tile per split
+    splits = max(1, min(want, context_hint // (4 * block_s), 64))  # at least four key tiles per split
     return AttentionConfig(block_m, block_s, warps, stages, splits)
 
 
