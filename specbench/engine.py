@@ -1,6 +1,6 @@
 """`SpecDecoder`: the decode loop. Plain AR decoding is the same loop with no drafter.
 
-One round (DESIGN.md):
+One round (docs/DESIGN.md):
     tree = drafter.draft(state, policy, budget)                 # node 0 = anchor
     out  = target.forward(tree.tokens, cache_len + tree.depth, cache, tree.ancestor_mask, taps)
     res  = verifier.verify(tree, out.logits, sampling, rng)      # lossless rule
@@ -24,6 +24,7 @@ from specbench.models.target import TargetModel
 from specbench.stats import RequestStats, RoundStats, StageTimer
 from specbench.trees import TREE_POLICIES
 from specbench.trees.base import DepthScores, DraftTree, TreePolicy
+from specbench.trees.grow import ExpandFn
 from specbench.verify import VERIFIERS
 from specbench.verify.base import Randomness, TorchRandomness, Verifier, VerifyResult
 
@@ -41,12 +42,15 @@ class GenerationResult:
 
 
 class TimedPolicy(TreePolicy):
-    """Wraps a policy so the engine can charge `build`/`select` to the "tree" stage. Other attributes
-    (e.g. an expansion API used by autoregressive drafters) are forwarded to the wrapped policy."""
+    """Wraps a policy so the engine can charge `build`/`select`/`grow` to the "tree" stage (the drafter's
+    `expand` passes inside `grow` stay in "draft"). Other attributes are forwarded to the wrapped policy."""
+
+    can_grow = True  # it overrides grow; the instance reports the wrapped policy's own can_grow
 
     def __init__(self, inner: TreePolicy, timer: StageTimer) -> None:
         self.inner, self.timer = inner, timer
         self.name = inner.name
+        self.can_grow = inner.can_grow  # type: ignore[misc]
 
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
         with self.timer.stage("tree"):
@@ -55,6 +59,15 @@ class TimedPolicy(TreePolicy):
     def select(self, candidates: DraftTree, budget: int) -> DraftTree:
         with self.timer.stage("tree"):
             return self.inner.select(candidates, budget)
+
+    def grow(self, anchor: int, expand: ExpandFn, budget: int, max_depth: int,
+             device: torch.device | str = "cpu") -> DraftTree:
+        def untimed(tree: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+            with self.timer.excluded("tree"):
+                return expand(tree, frontier)
+
+        with self.timer.stage("tree"):
+            return self.inner.grow(anchor, untimed, budget, max_depth, device)
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self.inner, item)
@@ -100,9 +113,9 @@ class SpecDecoder:
         if drafter is None and self.spec.drafter is not None:
             drafter = DRAFTERS.build(self.spec.drafter, target, **dict(self.spec.drafter_args))
         self.drafter = drafter
-        if drafter is not None and drafter.policies is not None and self.policy.name not in drafter.policies:
+        if drafter is not None and not drafter.works_with(self.policy):
             raise ConfigError(
-                f"drafter {self.spec.drafter!r} works with tree policies {list(drafter.policies)}, not {self.policy.name!r}")
+                f"drafter {self.spec.drafter!r} works with tree policies {drafter.policy_names()}, not {self.policy.name!r}")
         self.cache = target.new_cache(max_seq_len)
         is_cuda = target.device.type == "cuda"
         self.timer = StageTimer(torch.cuda.synchronize if (is_cuda if sync_stages is None else sync_stages) else None)

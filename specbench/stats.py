@@ -114,6 +114,20 @@ class StageTimer:
                 self.sync()
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
 
+    @contextmanager
+    def excluded(self, name: str) -> Iterator[None]:
+        """Time inside this block is taken back from stage `name` (e.g. a drafter's model passes that a
+        tree policy's `grow` calls back inside the "tree" stage)."""
+        if self.sync:
+            self.sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                self.sync()
+            self.times[name] = self.times.get(name, 0.0) - (time.perf_counter() - t0)
+
     def pop(self) -> dict[str, float]:
         out, self.times = self.times, {}
         return out

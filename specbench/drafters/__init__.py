@@ -2,7 +2,7 @@
 
 from specbench.registry import Registry
 
-DRAFTERS: Registry = Registry("drafter")
+DRAFTERS: Registry = Registry("drafter", base="specbench.drafters.base:Drafter")
 DRAFTERS.register("ngram", "specbench.drafters.ngram:NgramDrafter")
 DRAFTERS.register("self", "specbench.drafters.self_draft:SelfDrafter")
 DRAFTERS.register("dflash", "specbench.drafters.heads.parallel:DFlashDrafter")

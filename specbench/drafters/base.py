@@ -1,21 +1,31 @@
-"""The `Drafter` interface and the state the engine shares with it each round.
+"""The `Drafter` interface, what each drafter declares, and the state the engine shares with it each round.
 
 A drafter proposes a `DraftTree` whose root is the anchor. A parallel drafter (DFlash, JetSpec) makes
-per-depth scores and calls `policy.build`; an autoregressive drafter expands depth by depth and asks
-the policy to `select`. `taps` names the target layers whose outputs the drafter reads: the engine
-requests them from the prefill and from every verification forward and hands them to `begin` and
-`observe`.
+per-depth scores and calls `policy.build`; an autoregressive drafter grows the tree through
+`policy.grow` (or `trees.grow.grow_tree`); a drafter with its own candidates asks `policy.select`.
+Every drafter declares, as class attributes without defaults (a subclass that omits one fails when it
+is defined):
+
+  policies  the tree policies it works with: "any" (it calls build/select, which every policy has),
+            "growing" (it calls grow: the policies with can_grow), or a tuple of policy names
+  taps      the target layers whose outputs it reads: the engine requests them from the prefill and
+            from every verification forward and hands them to `begin` and `observe` (a property when
+            they depend on the loaded weights; () for none)
+  weights   None (training-free) or `Weights`: it then loads the head shipped for the target (or
+            drafter_args checkpoint=DIR) and accepts random_init=True for an untrained instance
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from specbench.config import SamplingConfig
 from specbench.models.decoder import ForwardOutput
 from specbench.models.target import TargetModel
+from specbench.registry import require_declared
 from specbench.trees.base import DraftTree, TreePolicy
 from specbench.verify.base import Randomness, VerifyResult
 
@@ -45,20 +55,65 @@ class DraftState:
         return len(self.tokens) - 1
 
 
+@dataclass(frozen=True)
+class Weights:
+    """Where a drafter's trained weights come from: without drafter_args checkpoint=DIR it loads the
+    head shipped in specbench/heads/<drafter>-<target>/ (`shipped_dir`); `train` is the command that
+    trains one ("{drafter}" stands for the drafter's name). random_init=True builds an untrained
+    instance instead (tests, cost measurements)."""
+
+    train: str
+
+    def train_command(self, drafter: str) -> str:
+        return self.train.format(drafter=drafter)
+
+    def shipped_dir(self, drafter: str, target_name: str) -> Path:
+        from specbench.drafters.heads.checkpoint import default_head_dir
+
+        return default_head_dir(drafter, target_name)
+
+
 class Drafter(ABC):
-    """Proposes draft trees. Built as `Drafter(target, **drafter_args)`."""
+    """Proposes draft trees. Built as `Drafter(target, **drafter_args)`; declares `policies`, `taps`
+    and `weights` (module docstring)."""
 
     name: ClassVar[str] = ""
-    #: Tree policies this drafter can work with (None = any).
-    policies: ClassVar[tuple[str, ...] | None] = None
+    policies: ClassVar[tuple[str, ...] | str]
+    weights: ClassVar[Weights | None]
+    taps: tuple[int, ...]  # a class attribute or a property
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        require_declared(cls, Drafter, {
+            "policies": '`policies = "any"` (it calls build/select), `policies = "growing"` (it calls grow) or a '
+                        'tuple of tree policy names',
+            "taps": "`taps = ()` or the target layers it reads (a property when they depend on its weights)",
+            "weights": "`weights = None` (training-free) or `weights = Weights(train=...)`",
+        })
+        spec = cls.__dict__.get("policies")
+        if spec is not None and not (spec in ("any", "growing") or (isinstance(spec, tuple) and spec
+                                                                    and all(isinstance(n, str) for n in spec))):
+            raise TypeError(f"{cls.__qualname__}.policies must be 'any', 'growing' or a tuple of tree policy names, "
+                            f"got {spec!r}")
 
     def __init__(self, target: TargetModel) -> None:
         self.target = target
 
-    @property
-    def taps(self) -> tuple[int, ...]:
-        """Target layer indices whose outputs this drafter reads (empty: none)."""
-        return ()
+    @classmethod
+    def works_with(cls, policy: TreePolicy | type[TreePolicy]) -> bool:
+        """Whether this drafter can draft under `policy` (a policy or its class), per `policies`."""
+        if cls.policies == "any":
+            return True
+        if cls.policies == "growing":
+            return policy.can_grow
+        return policy.name in cls.policies
+
+    @classmethod
+    def policy_names(cls) -> list[str]:
+        """The registered tree policies this drafter works with."""
+        from specbench.trees import TREE_POLICIES
+
+        return [n for n in TREE_POLICIES.names() if cls.works_with(TREE_POLICIES.get(n))]
 
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         """A new request: `prefill` holds the prompt's tapped hidden states (all prompt positions)."""

@@ -41,6 +41,9 @@ class NgramDrafter(Drafter):
     best-supported branches."""
 
     name = "ngram"
+    policies = "any"  # it calls select, which every policy has
+    taps = ()
+    weights = None
 
     def __init__(self, target: TargetModel, max_ngram: int = 3, min_ngram: int = 1, max_matches: int = 8) -> None:
         super().__init__(target)

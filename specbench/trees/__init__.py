@@ -22,7 +22,7 @@ Scores and ties (the same in every builder and in the brute-force references of 
 
 from specbench.registry import Registry
 
-TREE_POLICIES: Registry = Registry("tree policy", "tree policies")
+TREE_POLICIES: Registry = Registry("tree policy", "tree policies", base="specbench.trees.base:TreePolicy")
 TREE_POLICIES.register("chain", "specbench.trees.chain:ChainPolicy")
 TREE_POLICIES.register("static", "specbench.trees.static:StaticPolicy")
 TREE_POLICIES.register("ddtree", "specbench.trees.ddtree:DDTreePolicy")

@@ -56,6 +56,8 @@ class AccumLogPPolicy(TreePolicy):
     default: width 7)."""
 
     name = "accum-logp"
+    can_grow = False
+    examples = ({}, {"width": 2})
 
     def __init__(self, width: int = 7) -> None:
         self.width = check_width(width)

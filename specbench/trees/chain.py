@@ -14,6 +14,7 @@ class ChainPolicy(TreePolicy):
     """budget draft tokens in a line (fewer if the drafter proposes fewer depths). Ties: lower token id."""
 
     name = "chain"
+    can_grow = True
 
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
         depth = min(check_budget(budget), scores.check().depth)

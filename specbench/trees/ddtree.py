@@ -23,6 +23,7 @@ class DDTreePolicy(TreePolicy):
     """Optimal top-B tree over per-depth scores (heap on the host; see `ddtree-vec` for the device)."""
 
     name = "ddtree"
+    can_grow = False
 
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
         budget = check_budget(budget)

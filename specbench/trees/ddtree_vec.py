@@ -82,6 +82,7 @@ class DDTreeVecPolicy(TreePolicy):
     """`ddtree`'s exact tree from tensor ops on the scores' device (GPU-friendly, sync-free)."""
 
     name = "ddtree-vec"
+    can_grow = False
 
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
         budget = check_budget(budget)

@@ -14,7 +14,7 @@ Registered verifiers (lossless unless noted):
 
 from specbench.registry import Registry
 
-VERIFIERS: Registry = Registry("verifier")
+VERIFIERS: Registry = Registry("verifier", base="specbench.verify.base:Verifier")
 VERIFIERS.register("greedy", "specbench.verify.walk:GreedyWalk")
 VERIFIERS.register("sample-walk", "specbench.verify.walk:SampleWalk")
 VERIFIERS.register("chain-rs", "specbench.verify.rejection:ChainRS")

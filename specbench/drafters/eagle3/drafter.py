@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specbench.drafters import DRAFTERS
-from specbench.drafters.base import Drafter, DraftState
+from specbench.drafters.base import Drafter, DraftState, Weights
 from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers
 from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache, sdpa_attention
 from specbench.models.target import TargetModel
@@ -66,7 +66,8 @@ class Eagle3Drafter(Drafter):
     (`draft_vocab`, `seed`); `head=` takes an Eagle3Head object (from code, e.g. a training run)."""
 
     name = "eagle3"
-    policies = ("chain", "eagle2", "static")
+    policies = "growing"  # chain is drafted by a direct loop; other policies grow the tree
+    weights = Weights(train="specbench train --drafter {drafter} --data DATA_DIR --out DIR")
 
     def __init__(self, target: TargetModel, checkpoint: str | None = None, *, random_init: bool = False,
                  draft_vocab: int = 0, seed: int = 0, head: Eagle3Head | None = None) -> None:
@@ -246,7 +247,7 @@ class Eagle3Drafter(Drafter):
 def _shipped_head_dir(target: TargetModel) -> Path:
     from specbench.drafters.heads.checkpoint import default_head_dir
 
-    directory = default_head_dir("eagle3", target)
+    directory = default_head_dir("eagle3", target.name)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(
             f"no eagle3 head is shipped for target {target.name!r} (looked in {str(directory)!r}). Train one with "
