@@ -170,7 +170,8 @@ def test_lossy_argmax_match_is_caught() -> None:
 
 
 def test_rrs_with_rows_that_lie_is_caught() -> None:
-    """Greedy (argmax) drafting that records q as if it had sampled (docs/methods.md, "Verifiers": a recorded q must be the law the token was drawn from), and a
+    """Greedy (argmax) drafting that records q as if it had sampled (a recorded row must be the law the
+    token was drawn from: docs/methods.md, "Sampled trees and non-anticipation"), and a
     without-replacement sampler whose rows keep the base q: both are lossy under tree-rrs."""
     vocab = 4
     target = lambda path: torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)  # noqa: E731

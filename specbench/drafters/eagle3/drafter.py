@@ -1,4 +1,4 @@
-"""`eagle3`: the autoregressive feature-level draft head (methods.md §6), drafting depth by depth.
+"""`eagle3`: the autoregressive feature-level draft head, drafting depth by depth (docs/methods.md, "eagle3").
 
 Head entries. Entry j of the head pairs token x_{j+1} with the fused target feature g_j of position j
 and sits at RoPE position j; its output predicts x_{j+2}. With committed tokens x_0..x_n (x_n = the

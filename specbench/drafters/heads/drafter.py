@@ -1,8 +1,8 @@
 """`HeadDrafter`: what every DFlash-family drafter shares: loading the head, the draft-side cache of
 verified-context K/V, and running a block (MASK or concrete inputs) against it.
 
-Draft-side cache (methods.md §1.3): per draft layer, the K/V of the fused context feature of every
-verified position, written exactly once. `begin` queues the prompt's tapped states; `observe` queues
+Draft-side cache (docs/methods.md, "The draft-side cache"): per draft layer, the K/V of the fused
+context feature of every verified position, written exactly once. `begin` queues the prompt's tapped states; `observe` queues
 the tapped states of the verify pass's accepted nodes (root + path), which are the next committed
 positions; the next `draft` writes the queue into the cache (so its length equals the target's cache
 length, i.e. every committed token but the anchor). Block K/V are computed per round and never kept.
