@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -103,7 +103,8 @@ class StageTimer:
         self.times: dict[str, float] = {}
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str, sign: float = 1.0) -> Iterator[None]:
+        """Add the block's wall time to stage `name` (sign -1: take it back, see `excluded`)."""
         if self.sync:
             self.sync()
         t0 = time.perf_counter()
@@ -112,21 +113,12 @@ class StageTimer:
         finally:
             if self.sync:
                 self.sync()
-            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+            self.times[name] = self.times.get(name, 0.0) + sign * (time.perf_counter() - t0)
 
-    @contextmanager
-    def excluded(self, name: str) -> Iterator[None]:
+    def excluded(self, name: str) -> AbstractContextManager[None]:
         """Time inside this block is taken back from stage `name` (e.g. a drafter's model passes that a
         tree policy's `grow` calls back inside the "tree" stage)."""
-        if self.sync:
-            self.sync()
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.sync:
-                self.sync()
-            self.times[name] = self.times.get(name, 0.0) - (time.perf_counter() - t0)
+        return self.stage(name, -1.0)
 
     def pop(self) -> dict[str, float]:
         out, self.times = self.times, {}

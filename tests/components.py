@@ -36,17 +36,8 @@ def policy_cases(growing: bool = False) -> list[tuple[str, dict[str, Any]]]:
             for args in TREE_POLICIES.get(n).examples]
 
 
-def drafter_cases(trained: bool | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+def drafter_cases() -> list[tuple[str, str, dict[str, Any]]]:
     """(drafter, policy, policy args) for every registered drafter and each policy it works with (the
-    policy's first example). trained: only drafters that need (True) or do not need (False) weights."""
-    out = []
-    for name in DRAFTERS.names():
-        cls = DRAFTERS.get(name)
-        if trained is not None and (cls.weights is not None) != trained:
-            continue
-        out += [(name, policy, dict(TREE_POLICIES.get(policy).examples[0])) for policy in cls.policy_names()]
-    return out
-
-
-def case_id(*parts: Any) -> str:
-    return "-".join(str(p) if not isinstance(p, dict) or p else "" for p in parts).strip("-").replace(" ", "")
+    policy's first example)."""
+    return [(name, policy, dict(TREE_POLICIES.get(policy).examples[0]))
+            for name in DRAFTERS.names() for policy in DRAFTERS.get(name).policy_names()]

@@ -11,6 +11,7 @@ the proofs and tests on a drafter, tree policy or verifier that lives outside sp
 from __future__ import annotations
 
 import importlib
+from typing import Iterator
 
 import pytest
 
@@ -30,3 +31,15 @@ def smollm2():
     from specbench.models import load_target
 
     return load_target("smollm2-135m", device="cpu", dtype="float32")
+
+
+@pytest.fixture
+def single_thread() -> Iterator[None]:
+    """One intra-op thread for the test, restored after it: small tensor ops on a shared 2-core machine
+    lose more to OpenMP barriers than they gain from a second thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

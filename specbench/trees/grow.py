@@ -19,8 +19,9 @@ A policy that can grow declares `can_grow = True` and overrides
     policy.grow(anchor, expand, budget, max_depth, device) -> DraftTree
 
 (`chain`, `eagle2`, `static`); the base class's `grow` raises a TreeError naming the policies that
-can. Drafters call `grow_tree(policy, ...)`, which checks the arguments first. The grown tree's `scores` are cumulative draft log-probs
-(float32); its `draft_probs` are None (tokens are chosen by rank, deterministically).
+can. Drafters call `grow_tree(policy, ...)`, which checks the arguments first. The grown tree's
+`scores` are cumulative draft log-probs (float32); its `draft_probs` are None (tokens are chosen by
+rank, deterministically).
 """
 
 from __future__ import annotations
