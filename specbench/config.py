@@ -1,4 +1,4 @@
-"""Frozen configuration dataclasses, with YAML loading and `key=value` overrides.
+"""Frozen configuration dataclasses and `key=value` overrides (values parsed with YAML rules).
 
 A run is fully described by a `RunConfig`; its `to_dict()` is stored with every result so a table row
 can always be traced back to exactly what produced it.
@@ -10,7 +10,6 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import yaml
@@ -74,7 +73,7 @@ class SpecConfig:
     """Which speculative-decoding components to use, by registry name.
 
     drafter None (or "none"/"ar") means plain autoregressive decoding through the same loop.
-    budget = number of draft nodes excluding the root (see DESIGN.md).
+    budget = number of draft nodes excluding the root (docs/DESIGN.md, "Conventions").
     """
 
     drafter: str | None = None
@@ -168,16 +167,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = nxt
         node[parts[-1]] = parse_value(raw)
     return out
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    data = yaml.safe_load(p.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
-    return data
 
 
 def _deepcopy(d: Any) -> Any:

@@ -36,6 +36,7 @@ from specbench.models.target import TargetModel
 from specbench.stats import RequestStats, RoundClock, RoundStats
 from specbench.trees import TREE_POLICIES
 from specbench.trees.base import DepthScores, DraftTree, TreePolicy
+from specbench.trees.grow import ExpandFn
 from specbench.verify import VERIFIERS
 from specbench.verify.base import Acceptance, Randomness, TorchRandomness, Verifier, VerifyResult, read_acceptance
 
@@ -53,12 +54,16 @@ class GenerationResult:
 
 
 class TimedPolicy(TreePolicy):
-    """Wraps a policy so a host drafter's calls of `build`/`select` are charged to the "tree" stage of
-    the round clock. Other attributes (e.g. `grow`) are forwarded to the wrapped policy."""
+    """Wraps a policy so a host drafter's calls of `build`/`select`/`grow` are charged to the "tree" stage
+    of the round clock (the drafter's `expand` passes inside `grow` stay in "draft"). Other attributes
+    are forwarded to the wrapped policy."""
+
+    can_grow = True  # it overrides grow; the instance reports the wrapped policy's own can_grow
 
     def __init__(self, inner: TreePolicy, clock: RoundClock) -> None:
         self.inner, self.clock = inner, clock
         self.name = inner.name
+        self.can_grow = inner.can_grow  # type: ignore[misc]
 
     def _timed(self, fn: Callable[..., DraftTree], *args: Any) -> DraftTree:
         self.clock.switch("tree")
@@ -75,6 +80,17 @@ class TimedPolicy(TreePolicy):
 
     def capturable(self, device: torch.device) -> bool:
         return self.inner.capturable(device)
+
+    def grow(self, anchor: int, expand: ExpandFn, budget: int, max_depth: int,
+             device: torch.device | str = "cpu") -> DraftTree:
+        def expand_as_draft(tree: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+            self.clock.switch("draft")  # the drafter's passes stay in "draft"
+            try:
+                return expand(tree, frontier)
+            finally:
+                self.clock.switch("tree")
+
+        return self._timed(self.inner.grow, anchor, expand_as_draft, budget, max_depth, device)
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self.inner, item)
@@ -137,7 +153,7 @@ class SpecDecoder:
             drafter = DRAFTERS.build(self.spec.drafter, target, **dict(self.spec.drafter_args))
         self.drafter = drafter
         if drafter is not None:
-            drafter.check_policy(self.policy.name)
+            drafter.check_policy(self.policy)
         is_cuda = target.device.type == "cuda"
         self.cuda_graphs = is_cuda and (cuda_graphs is None or bool(cuda_graphs))
         self.device_drafting = drafter is None or drafter.capturable(self.policy)

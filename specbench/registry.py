@@ -5,6 +5,11 @@ Entries are either registered eagerly with the `register` decorator or lazily as
 string, so that listing names never imports torch-heavy modules. A name that is not registered but
 looks like a dotted path ("my_pkg.my_mod:MyDrafter" or "my_pkg.my_mod.MyDrafter") is imported as an
 out-of-tree component: researchers can plug their own class in without touching specbench.
+
+A registry may name the base class of its kind (`base="module:Class"`): `get` then refuses anything
+else, so a dotted path to the wrong class fails at once. The bases state their contracts as class
+attributes without defaults, and `require_declared` (called from their `__init_subclass__`) makes a
+subclass that omits one fail when it is defined, with a message that says what to add.
 """
 
 from __future__ import annotations
@@ -40,9 +45,10 @@ def import_dotted(path: str) -> Any:
 class Registry(Generic[T]):
     """A named collection of components of one kind (e.g. "drafter")."""
 
-    def __init__(self, kind: str, plural: str | None = None) -> None:
+    def __init__(self, kind: str, plural: str | None = None, base: str | None = None) -> None:
         self.kind = kind
         self.plural = plural or f"{kind}s"
+        self.base = base  # "module:Class" every entry must subclass (resolved on first use)
         self._entries: dict[str, T | str] = {}
 
     def register(self, name: str, obj: T | str | None = None) -> Any:
@@ -76,22 +82,31 @@ class Registry(Generic[T]):
         if name in self._entries:
             entry = self._entries[name]
             if isinstance(entry, str):
-                obj = import_dotted(entry)
+                obj = self._checked(name, import_dotted(entry))
                 self._entries[name] = obj
                 return obj
-            return entry
+            return self._checked(name, entry)
         if "." in name or ":" in name:
             try:
-                return import_dotted(name)
+                obj = import_dotted(name)
             except (ImportError, AttributeError) as exc:
                 raise RegistryError(
                     f"{self.kind} {name!r} is neither registered nor importable ({exc}). "
                     f"Registered {self.plural}: {', '.join(self.names())}"
                 ) from None
+            return self._checked(name, obj)
         raise RegistryError(
             f"unknown {self.kind} {name!r}. Registered {self.plural}: {', '.join(self.names())} "
             f"(or give an importable 'package.module:Class')"
         )
+
+    def _checked(self, name: str, obj: Any) -> Any:
+        if self.base is not None:
+            base = import_dotted(self.base)
+            if not (isinstance(obj, type) and issubclass(obj, base)):
+                raise RegistryError(f"{self.kind} {name!r} is {obj!r}, not a subclass of {self.base.replace(':', '.')}: "
+                                    f"derive it from that class")
+        return obj
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -109,6 +124,24 @@ class Registry(Generic[T]):
             return factory(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"cannot build {self.kind} {name!r}: {exc}") from exc
+
+
+def require_declared(cls: type, base: type, hints: dict[str, str]) -> None:
+    """TypeError unless `cls` or a class between it and `base` sets every attribute named in `hints`
+    (attribute -> what to write). Abstract classes (intermediate bases) are exempt: their concrete
+    subclasses are checked when they are defined."""
+    if _is_abstract(cls):
+        return
+    below = cls.__mro__[: cls.__mro__.index(base)]
+    missing = [name for name in hints if not any(name in k.__dict__ for k in below)]
+    if missing:
+        raise TypeError(f"{base.__name__} subclass {cls.__module__}.{cls.__qualname__} must declare "
+                        + "; and ".join(hints[name] for name in missing))
+
+
+def _is_abstract(cls: type) -> bool:
+    """Some method is still abstract (ABCMeta sets __abstractmethods__ only after __init_subclass__)."""
+    return any(getattr(getattr(cls, name, None), "__isabstractmethod__", False) for name in dir(cls))
 
 
 def _lazy_matches(path: str, obj: Any) -> bool:

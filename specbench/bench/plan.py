@@ -34,10 +34,6 @@ class Variant:
         return stable_hash(self.run.to_dict())
 
     @property
-    def is_baseline(self) -> bool:
-        return self.run.spec.drafter is None
-
-    @property
     def label(self) -> str:
         s = self.run.spec
         return "ar" if s.drafter is None else f"{s.drafter}/{s.tree}/{s.verifier}/b{s.budget}"
@@ -79,7 +75,7 @@ def _grid_configs(study: Study, grid: Grid, index: int, notes: list[str]) -> lis
         drafter_cls, why = _lookup(DRAFTERS, drafter, "drafter")
         if why:
             problems.append(why)
-        _, why = _lookup(TREE_POLICIES, tree, "tree policy")
+        policy_cls, why = _lookup(TREE_POLICIES, tree, "tree policy")
         if why:
             problems.append(why)
         verifier_cls, why = _lookup(VERIFIERS, verifier, "verifier")

@@ -1,16 +1,31 @@
-"""The `Drafter` interface and the state the engine shares with it each round.
+"""The `Drafter` interface, what each drafter declares, and the state the engine shares with it each round.
 
 A drafter proposes a `DraftTree` whose root is the anchor. A parallel drafter (DFlash, JetSpec) makes
-per-depth scores and calls `policy.build`; an autoregressive drafter expands depth by depth and asks
-the policy to `select`. `taps` names the target layers whose outputs the drafter reads: the engine
-requests them from the prefill and from every verification forward and hands them to `begin` and
-`observe`.
+per-depth scores and calls `policy.build`; an autoregressive drafter grows the tree through
+`policy.grow` (or `trees.grow.grow_tree`); a drafter with its own candidates asks `policy.select`.
+Every drafter declares, as class attributes without defaults (a subclass that omits one fails when it
+is defined):
+
+  policies  the tree policies it works with: "any" (it calls build/select, which every policy has),
+            "growing" (it calls grow: the policies with can_grow), or a tuple of policy names
+            (`sampled_policies`, optional: those it can use when it samples its draft at T > 0)
+  taps      the target layers whose outputs it reads: the engine requests them from the prefill and
+            from every verification forward and hands them to `begin` and `observe` (a property when
+            they depend on the loaded weights; () for none)
+  weights   None (training-free) or `Weights`: it then loads the head shipped for the target (or
+            drafter_args checkpoint=DIR) and accepts random_init=True for an untrained instance
+
+Host drafters (the default) draft from the host-side state (`state.tokens`) after each round's result
+is read back. Device drafters (`capturable`) draft and `observe` in tensor ops on the target's device
+with static shapes and no host read, so the GPU round captures their `phases` and `observe` in CUDA
+graphs (and may start a round before the previous one has been read).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -19,6 +34,7 @@ from torch import Tensor
 from specbench.config import ConfigError, SamplingConfig
 from specbench.models.decoder import ForwardOutput
 from specbench.models.target import TargetModel
+from specbench.registry import require_declared
 from specbench.trees.base import DraftTree, TreePolicy
 from specbench.verify.base import Acceptance, Randomness, VerifyResult
 
@@ -56,6 +72,24 @@ class DraftState:
         return len(self.tokens) - 1
 
 
+@dataclass(frozen=True)
+class Weights:
+    """Where a drafter's trained weights come from: without drafter_args checkpoint=DIR it loads the
+    head shipped in specbench/heads/<drafter>-<target>/ (`shipped_dir`); `train` is the command that
+    trains one ("{drafter}" stands for the drafter's name). random_init=True builds an untrained
+    instance instead (tests, cost measurements)."""
+
+    train: str
+
+    def train_command(self, drafter: str) -> str:
+        return self.train.format(drafter=drafter)
+
+    def shipped_dir(self, drafter: str, target_name: str) -> Path:
+        from specbench.drafters.heads.checkpoint import default_head_dir
+
+        return default_head_dir(drafter, target_name)
+
+
 Phase = tuple[str, Callable[[Any], Any]]
 """(stage name, step): one piece of a round's drafting; the step maps the previous piece's output to
 the next (the first gets None, the last returns the DraftTree). The stage name ("draft" or "tree")
@@ -63,45 +97,74 @@ says where its time is charged."""
 
 
 class Drafter(ABC):
-    """Proposes draft trees. Built as `Drafter(target, **drafter_args)`.
-
-    Host drafters (the default) draft from the host-side state (`state.tokens`) after each round's
-    result is read back. Device drafters (`capturable`) draft and `observe` in tensor ops on the
-    target's device with static shapes and no host read, so the GPU round captures their `phases` and
-    `observe` in CUDA graphs (and may start a round before the previous one has been read).
-    """
+    """Proposes draft trees. Built as `Drafter(target, **drafter_args)`; declares `policies`, `taps`
+    and `weights` (module docstring)."""
 
     name: ClassVar[str] = ""
-    #: Tree policies this drafter can work with (None = any).
-    policies: ClassVar[tuple[str, ...] | None] = None
+    policies: ClassVar[tuple[str, ...] | str]
     #: Tree policies it can work with when it samples its draft (the verifier reads draft
     #: probabilities, T > 0); None = the same as `policies`.
     sampled_policies: ClassVar[tuple[str, ...] | None] = None
+    weights: ClassVar[Weights | None]
+    taps: tuple[int, ...]  # a class attribute or a property
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        require_declared(cls, Drafter, {
+            "policies": '`policies = "any"` (it calls build/select), `policies = "growing"` (it calls grow) or a '
+                        'tuple of tree policy names',
+            "taps": "`taps = ()` or the target layers it reads (a property when they depend on its weights)",
+            "weights": "`weights = None` (training-free) or `weights = Weights(train=...)`",
+        })
+        spec = cls.__dict__.get("policies")
+        if spec is not None and not (spec in ("any", "growing") or (isinstance(spec, tuple) and spec
+                                                                    and all(isinstance(n, str) for n in spec))):
+            raise TypeError(f"{cls.__qualname__}.policies must be 'any', 'growing' or a tuple of tree policy names, "
+                            f"got {spec!r}")
 
     def __init__(self, target: TargetModel) -> None:
         self.target = target
         self.cuda_graphs = True  # a host drafter may replay its own forwards from CUDA graphs (the engine sets it)
 
     @classmethod
-    def check_policy(cls, tree: str, sampled: bool = False) -> None:
-        """ConfigError, listing the policies this drafter can use, unless it can use the policy `tree`
-        (`sampled`: when drafting by sampling). Needs no model: callers check before loading one."""
-        allowed = cls.sampled_policies if sampled and cls.sampled_policies is not None else cls.policies
-        if allowed is None or tree in allowed:
-            return
-        name = cls.name or cls.__name__
-        if not sampled:
-            raise ConfigError(f"drafter {name!r} cannot draft with tree={tree!r}; the policies it can: "
-                              f"{', '.join(allowed)}", keys=("tree",))
-        raise ConfigError(
-            f"drafter {name!r} cannot draft with tree={tree!r} when it samples its draft (rejection-sampling rules "
-            f"read draft probabilities at T > 0); the policies it can then: {', '.join(allowed)}. To keep that "
-            f"policy, verify with verifier=sample-walk or verifier=tree-rrs-pointmass", keys=("tree", "verifier"))
+    def works_with(cls, policy: TreePolicy | type[TreePolicy]) -> bool:
+        """Whether this drafter can draft under `policy` (a policy or its class), per `policies`."""
+        if cls.policies == "any":
+            return True
+        if cls.policies == "growing":
+            return policy.can_grow
+        return policy.name in cls.policies
 
-    @property
-    def taps(self) -> tuple[int, ...]:
-        """Target layer indices whose outputs this drafter reads (empty: none)."""
-        return ()
+    @classmethod
+    def policy_names(cls) -> list[str]:
+        """The registered tree policies this drafter works with."""
+        from specbench.trees import TREE_POLICIES
+
+        return [n for n in TREE_POLICIES.names() if cls.works_with(TREE_POLICIES.get(n))]
+
+    @classmethod
+    def check_policy(cls, tree: str | TreePolicy | type[TreePolicy], sampled: bool = False) -> None:
+        """ConfigError, listing the policies this drafter can use, unless it can use `tree` (a policy, its
+        class, or a registered name; `sampled`: when drafting by sampling). Needs no model: callers
+        check before loading one."""
+        if isinstance(tree, str):
+            from specbench.trees import TREE_POLICIES
+
+            policy = TREE_POLICIES.get(tree)
+        else:
+            policy = tree
+        name, drafter = policy.name, cls.name or cls.__name__
+        if sampled and cls.sampled_policies is not None:
+            if name in cls.sampled_policies:
+                return
+            raise ConfigError(
+                f"drafter {drafter!r} cannot draft with tree={name!r} when it samples its draft (rejection-sampling "
+                f"rules read draft probabilities at T > 0); the policies it can then: {', '.join(cls.sampled_policies)}. "
+                f"To keep that policy, verify with verifier=sample-walk or verifier=tree-rrs-pointmass",
+                keys=("tree", "verifier"))
+        if not cls.works_with(policy):
+            raise ConfigError(f"drafter {drafter!r} cannot draft with tree={name!r}; the policies it can: "
+                              f"{', '.join(cls.policy_names())}", keys=("tree",))
 
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         """A new request: `prefill` holds the prompt's tapped hidden states (all prompt positions);
@@ -120,11 +183,6 @@ class Drafter(ABC):
         """True when `phases` and `observe` (given an `Acceptance`) are device-only under `policy` at
         temperature 0: static shapes, no host read, state in buffers allocated once (`begin`)."""
         return False
-
-    def graph_state(self) -> list[Tensor]:
-        """The small device tensors a round mutates (lengths, counters): saved and restored around a
-        CUDA-graph capture, whose warm-up runs the round's steps for real."""
-        return []
 
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """After verification: the accepted node ids (root first) of `tree` — a host `VerifyResult`, or

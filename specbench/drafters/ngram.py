@@ -40,7 +40,9 @@ class NgramDrafter(Drafter):
     The other policies' rules (beams, fan-out caps) need per-depth scores, which a trie has not."""
 
     name = "ngram"
-    policies = ("chain", "ddtree", "ddtree-vec", "static")
+    policies = ("chain", "ddtree", "ddtree-vec", "static")  # select() on a scored trie
+    taps = ()
+    weights = None
 
     def __init__(self, target: TargetModel, max_ngram: int = 3, min_ngram: int = 1, max_matches: int = 8) -> None:
         super().__init__(target)

@@ -27,7 +27,9 @@ class SelfDrafter(Drafter):
     attention over its root paths, as scratch K/V past the committed prefix."""
 
     name = "self"
-    policies = ("chain", "eagle2", "static")
+    policies = "growing"  # chain is drafted by a direct loop; other policies grow the tree
+    taps = ()
+    weights = None
 
     def __init__(self, target: TargetModel, layers: int | None = None) -> None:
         super().__init__(target)

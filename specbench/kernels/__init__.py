@@ -1,12 +1,19 @@
 """Triton kernels for the GPU path, and pure-PyTorch references of the same ops.
 
-  tree_attention.py   tree_attention (target verify), context_attention (draft heads), plan_attention
+Contract: every kernel takes plain tensors (device buffers, packed masks, lengths) and returns
+tensors; lengths and masks are read on the device, never synchronised to the host, so launches can be
+captured in CUDA graphs, and results that the host needs come packed for one read. Each kernel has a
+reference in `reference.py` with the same arguments, and a test comparing the two on the CPU under
+TRITON_INTERPRET=1.
+
+Imports: nothing from the rest of specbench (torch, triton and numpy only); models/ and verify/ call
+in. Importing a kernel module imports Triton; masks.py and reference.py do not. On the CPU the
+kernels run only under TRITON_INTERPRET=1 (set before import).
+
+  tree_attention.py   tree_attention (the target's verify pass) over context_attention (the general form)
   tree_accept.py      greedy acceptance on the GPU (one host read per round)
   kv_compact.py       move the accepted path's K/V to the prefix, all layers in one launch
   masks.py            packed bitmasks (pack_tree_mask, block_causal_mask)
   device.py           where the kernels may run (CUDA, or the CPU under TRITON_INTERPRET=1)
   reference.py        the references the tests compare against
-
-Nothing here imports the rest of specbench. Importing a kernel module imports Triton; masks.py and
-reference.py do not. On the CPU the kernels run only under TRITON_INTERPRET=1 (set before import).
 """

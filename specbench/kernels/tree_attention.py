@@ -1,11 +1,9 @@
 """Tree attention: N new queries against a visible prefix plus N new keys under a packed bitmask.
 
-One kernel serves two callers:
-  * the target's verification pass (`tree_attention`): the prefix is the committed part [0, len) of
-    the static KV cache and the tree's own keys sit right after it, at slots [len, len + N);
-  * draft heads (`context_attention`): the prefix is injected context K/V (target features projected
-    by the draft layer) and the new keys come from a separate tensor, under any mask (block-causal,
-    tree-causal, bidirectional).
+`context_attention` is the general form: the prefix and the new keys may be separate tensors, under
+any packed mask. Its one caller is `tree_attention`, the target's verification pass, where the prefix
+is the committed part [0, len) of the static KV cache and the tree's own keys sit right after it, at
+slots [len, len + N). (No draft head calls it: the heads run masked SDPA.)
 
 Work split. The query heads that share a KV head are processed together (rows = G heads x N nodes,
 node-major), so each K/V tile is read once per group. When there are too few (batch, KV head, row

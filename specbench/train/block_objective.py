@@ -1,4 +1,4 @@
-"""Anchor-block training of the DFlash-family heads (methods.md §2.2, §4.5, §5.1 item 3).
+"""Anchor-block training of the DFlash-family heads (docs/methods.md, "Block objectives").
 
 Per sequence, `anchors` random anchor positions a (a and a+1 both response tokens). Block a holds
 [x_a, inputs at offsets 1..b-1] at positions a..a+b-1 and sees the target features of positions < a

@@ -1,4 +1,4 @@
-"""`eagle3` objective: EAGLE-3's training-time test (methods.md §6.4).
+"""`eagle3` objective: EAGLE-3's training-time test (docs/methods.md, "EAGLE-3 training-time test").
 
 The head is unrolled for `ttt_steps` steps over every position of the batch at once. Row i of step s
 is the entry the drafter would run when drafting s tokens past the verified context x_0..x_{i+1}:

@@ -1,11 +1,21 @@
-"""Draft trees and tree policies. Pure package: tensors in, tensors out (never imports models/engine).
+"""Draft trees and tree policies: the shape of what the target verifies.
 
-A tree policy turns a drafter's scores into the tree the target verifies, under a budget (draft
-nodes, root excluded): `build(DepthScores, budget)` for parallel drafters (per-depth log-probs),
-`grow(anchor, expand, budget, max_depth, device)` for autoregressive drafters (see `trees.grow`),
-`select(candidates, budget)` for drafters that score a candidate tree themselves (n-gram tries).
+Pure package: tensors in, tensors out. Imports torch, numpy and the registry (PyYAML, networkx and
+matplotlib lazily: template files, graphs, drawing); never models/, drafters/, verify/ or the engine,
+so any engine can use it.
 
-Policies: chain, static, ddtree, ddtree-vec, accum-logp, fanout-cap, eagle2 (one module each).
+Contract (`trees.base.TreePolicy`): turn a drafter's scores into a DraftTree (node 0 = the anchor,
+parents before children) with at most `budget` draft nodes, root excluded, whose `scores` never rise
+from parent to child:
+  build(DepthScores(anchor, logp [D, V]), budget)        parallel drafters: one row per depth
+  grow(anchor, expand, budget, max_depth, device)         autoregressive drafters (trees.grow);
+                                                          only policies that declare can_grow = True
+  select(candidates, budget)                              drafters with their own scored candidates
+Every policy declares `can_grow` (no default) and may list `examples` (argument sets); the invariant
+tests run over every registered policy and example (tests/trees).
+
+Policies: chain, static, ddtree, ddtree-vec, accum-logp, fanout-cap, eagle2 (one module each;
+docs/methods.md says what each computes).
 
 Scores and ties (the same in every builder and in the brute-force references of tests/trees):
 * A node's score is the float32 sum, root to node, of its tokens' log-probs clamped at 0 (one float32
@@ -22,7 +32,7 @@ Scores and ties (the same in every builder and in the brute-force references of 
 
 from specbench.registry import Registry
 
-TREE_POLICIES: Registry = Registry("tree policy", "tree policies")
+TREE_POLICIES: Registry = Registry("tree policy", "tree policies", base="specbench.trees.base:TreePolicy")
 TREE_POLICIES.register("chain", "specbench.trees.chain:ChainPolicy")
 TREE_POLICIES.register("static", "specbench.trees.static:StaticPolicy")
 TREE_POLICIES.register("ddtree", "specbench.trees.ddtree:DDTreePolicy")

@@ -6,7 +6,7 @@ until the budget is spent. Committing K children per pop is what makes it differ
 surrogate sum is at most the optimum. The loop with a per-depth cap on the children added per pop
 (`build_capped`) is shared with `fanout-cap`; accum-logp is the cap K at every depth.
 
-Budget: JetSpec's counts the root; here it does not (DESIGN.md), so JetSpec's 255 is our 254.
+Budget: JetSpec's counts the root; here it does not (docs/DESIGN.md, "Conventions"), so JetSpec's 255 is our 254.
 Ties: equal cumulative log-probs pop the lower node id first (JetSpec's insertion counter).
 """
 
@@ -56,6 +56,8 @@ class AccumLogPPolicy(TreePolicy):
     default: width 7)."""
 
     name = "accum-logp"
+    can_grow = False
+    examples = ({}, {"width": 2})
 
     def __init__(self, width: int = 7) -> None:
         self.width = check_width(width)

@@ -1,6 +1,6 @@
 """`DraftTree`, the draft scores a parallel drafter hands to a policy, and the `TreePolicy` interface.
 
-Conventions (DESIGN.md): node 0 is the root = the anchor (last committed token, not yet run through
+Conventions (docs/DESIGN.md): node 0 is the root = the anchor (last committed token, not yet run through
 the target); parents precede children; depth(root) = 0; `budget` counts draft nodes, root excluded.
 This module is pure: tensors in, tensors out; it never imports models or the engine.
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import Tensor
 
+from specbench.registry import require_declared
 from specbench.trees.ranking import ranked_topk
 
 
@@ -290,12 +291,27 @@ class DepthScores:
 class TreePolicy(ABC):
     """Turns a drafter's scores into the tree the target verifies, under a budget.
 
-    `build` serves parallel drafters (one set of per-depth scores). `select` serves drafters that
-    produce a scored candidate tree themselves (n-gram tries, autoregressive expansion, re-selection
-    by path-conditioned scores): it keeps the best `budget` nodes under the policy's rule.
+    `build` serves parallel drafters (one set of per-depth scores). `grow` serves autoregressive
+    drafters (an `expand` callback, depth by depth; `specbench.trees.grow`). `select` serves drafters
+    that produce a scored candidate tree themselves (n-gram tries, re-selection by path-conditioned
+    scores): it keeps the best `budget` nodes under the policy's rule.
+
+    can_grow (declared by every policy, no default): True exactly when the policy overrides `grow`;
+    drafters that declare `policies = "growing"` work with those policies only.
+    examples: argument sets the registry-driven tests build the policy with (each must be valid).
     """
 
     name: ClassVar[str] = ""
+    can_grow: ClassVar[bool]
+    examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        require_declared(cls, TreePolicy, {"can_grow": "`can_grow = True` (it overrides grow(), so autoregressive "
+                                                       "drafters can use it) or `can_grow = False`"})
+        if "can_grow" in cls.__dict__ and cls.can_grow != (cls.grow is not TreePolicy.grow):
+            raise TypeError(f"{cls.__qualname__} declares can_grow = {cls.can_grow} but "
+                            f"{'does not override' if cls.can_grow else 'overrides'} grow()")
 
     @abstractmethod
     def build(self, scores: DepthScores, budget: int) -> DraftTree: ...
@@ -305,6 +321,16 @@ class TreePolicy(ABC):
         shape that never read the device back, so the GPU round can capture them in a CUDA graph. A
         policy that needs the host (a heap, host tables) keeps the default, False."""
         return False
+
+    def grow(self, anchor: int, expand: Callable[[DraftTree, Tensor], Tensor], budget: int, max_depth: int,
+             device: torch.device | str = "cpu") -> DraftTree:
+        """A tree grown depth by depth from `expand(tree, frontier) -> logp [F, V]` (see
+        `specbench.trees.grow`); only policies with `can_grow` implement it."""
+        from specbench.trees import TREE_POLICIES
+
+        growing = [n for n in TREE_POLICIES.names() if TREE_POLICIES.get(n).can_grow]
+        raise TreeError(f"tree policy {self.name!r} builds trees from per-depth scores only; an autoregressive "
+                        f"drafter needs one that grows them: {', '.join(growing)}")
 
     def select(self, candidates: DraftTree, budget: int) -> DraftTree:
         """Default: the `budget` highest-scoring nodes (scores must not increase from parent to child,

@@ -14,6 +14,7 @@ class ChainPolicy(TreePolicy):
     """budget draft tokens in a line (fewer if the drafter proposes fewer depths). Ties: lower token id."""
 
     name = "chain"
+    can_grow = True
 
     def capturable(self, device: torch.device) -> bool:
         """`build` and `grow` are tensor ops; `select` (a best path through a scored candidate tree) reads

@@ -27,6 +27,7 @@ class DDTreePolicy(TreePolicy):
     builders return identical trees: tests/trees/test_trees_optimality.py)."""
 
     name = "ddtree"
+    can_grow = False
 
     def __init__(self) -> None:
         from specbench.trees.ddtree_vec import DDTreeVecPolicy

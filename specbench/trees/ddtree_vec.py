@@ -84,6 +84,7 @@ class DDTreeVecPolicy(TreePolicy):
     the build is one Triton program (`specbench.kernels.top_b_tree`, tested equal to `build_top_b`)."""
 
     name = "ddtree-vec"
+    can_grow = False
 
     def __init__(self) -> None:
         self._kernels: dict[tuple[int, int, torch.device], object] = {}  # (budget, width, device) -> TopBTree

@@ -24,6 +24,8 @@ class Eagle2Policy(TreePolicy):
     """Beam expansion (`top_k` beams and children per beam) up to `max_depth`, then global top-B."""
 
     name = "eagle2"
+    can_grow = True
+    examples = ({"top_k": 2, "max_depth": 3}, {})
 
     def __init__(self, top_k: int = 10, max_depth: int = 8) -> None:
         for label, value in (("top_k", top_k), ("max_depth", max_depth)):

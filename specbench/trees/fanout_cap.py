@@ -42,6 +42,8 @@ class FanoutCapPolicy(TreePolicy):
     """accum-logp with per-depth fan-out caps: `rule="top2gap"` (default) or `rule="fixed", caps=[...]`."""
 
     name = "fanout-cap"
+    can_grow = False
+    examples = ({}, {"width": 3, "beta": 2.0, "g0": 0.5}, {"rule": "fixed", "caps": [2, 1, 3], "width": 4})
 
     def __init__(self, width: int = 7, rule: str = "top2gap", caps: Sequence[int] | None = None,
                  beta: float = 1.0, g0: float = 1.0) -> None:

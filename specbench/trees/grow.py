@@ -14,13 +14,14 @@ committed context and to its own ancestors in `tree` (`frontier_subtree` gives e
 Every ancestor of a frontier node was itself a frontier node of an earlier call (depths are expanded in
 order, the root first), so a drafter that keeps draft-side K/V per expanded node only ever appends.
 
-A policy that can grow has a method
+A policy that can grow declares `can_grow = True` and overrides
 
     policy.grow(anchor, expand, budget, max_depth, device) -> DraftTree
 
-(`chain`, `eagle2`, `static`); drafters call `grow_tree(policy, ...)`, which names the policies that
-can when the configured one cannot. The grown tree's `scores` are cumulative draft log-probs
-(float32); its `draft_probs` are None (tokens are chosen by rank, deterministically).
+(`chain`, `eagle2`, `static`); the base class's `grow` raises a TreeError naming the policies that
+can. Drafters call `grow_tree(policy, ...)`, which checks the arguments first. The grown tree's
+`scores` are cumulative draft log-probs (float32); its `draft_probs` are None (tokens are chosen by
+rank, deterministically).
 """
 
 from __future__ import annotations
@@ -43,22 +44,11 @@ TopkFn = Callable[[DraftTree, Tensor, int], tuple[Tensor, Tensor]]
 
 def grow_tree(policy: TreePolicy, anchor: int, expand: ExpandFn, budget: int, max_depth: int,
               device: torch.device | str = "cpu") -> DraftTree:
-    """What an autoregressive drafter calls: `policy.grow(...)`, or a TreeError naming the policies
-    that can grow a tree when this one cannot."""
-    grow = getattr(policy, "grow", None)
-    if grow is None:
-        raise TreeError(f"tree policy {policy.name!r} builds trees from per-depth scores only; an "
-                        f"autoregressive drafter needs one that grows them: {', '.join(growing_policies())}")
+    """What an autoregressive drafter calls: `policy.grow(...)` after checking budget and depth (a
+    policy that cannot grow raises a TreeError naming those that can)."""
     if max_depth < 0:
         raise TreeError(f"max_depth must be >= 0, got {max_depth}")
-    return grow(anchor, expand, check_budget(budget), max_depth, device)
-
-
-def growing_policies() -> list[str]:
-    """Registered tree policies that can grow a tree from an `expand` callback."""
-    from specbench.trees import TREE_POLICIES
-
-    return [name for name in TREE_POLICIES.names() if hasattr(TREE_POLICIES.get(name), "grow")]
+    return policy.grow(anchor, expand, check_budget(budget), max_depth, device)
 
 
 def ranked_expand(expand: ExpandFn) -> TopkFn:

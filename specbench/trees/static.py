@@ -95,6 +95,8 @@ class StaticPolicy(TreePolicy):
     NAMED_TREES)."""
 
     name = "static"
+    can_grow = True
+    examples = ({"tree": "default-31"}, {"paths": [[0], [2], [0, 1], [0, 1, 0], [2, 0], [0, 0]]})
 
     def __init__(self, paths: Sequence[Sequence[int]] | None = None, file: str | None = None,
                  tree: str | None = None) -> None:

@@ -1,4 +1,13 @@
-"""Verifiers (lossless rules proven by exact enumeration) and sampling transforms. Pure package.
+"""Verifiers (lossless rules proven by exact enumeration) and sampling transforms.
+
+Pure package: tensors in, tensors out. Imports torch, trees/ (DraftTree), config (SamplingConfig),
+the registry and kernels/ (the GPU accept kernel); never models/, drafters/ or the engine.
+
+Contract (`verify.base.Verifier`): `verify(tree, target_logits [N, V], sampling, rng)` returns the
+accepted path (root first) and the emitted tokens (accepted drafts, then the bonus); every random
+draw goes through `rng`, and `verify_probs` is the reference rule on processed laws that `exact_law`
+enumerates. Every verifier declares `lossless` (no default): each registered lossless verifier is
+proven by the exact tests (tests/verify), a lossy one is refused by the engine unless allow_lossy.
 
 Registered verifiers (lossless unless noted):
   greedy              argmax walk (T = 0)
@@ -14,7 +23,7 @@ Registered verifiers (lossless unless noted):
 
 from specbench.registry import Registry
 
-VERIFIERS: Registry = Registry("verifier")
+VERIFIERS: Registry = Registry("verifier", base="specbench.verify.base:Verifier")
 VERIFIERS.register("greedy", "specbench.verify.walk:GreedyWalk")
 VERIFIERS.register("sample-walk", "specbench.verify.walk:SampleWalk")
 VERIFIERS.register("chain-rs", "specbench.verify.rejection:ChainRS")

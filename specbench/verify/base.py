@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 from torch import Tensor
 
 from specbench.config import SamplingConfig
+from specbench.registry import require_declared
 from specbench.trees.base import DraftTree
 from specbench.verify.sampling import process_logits
 
@@ -159,16 +160,31 @@ class ReplayRandomness(UniformRandomness):
 
 
 class Verifier(ABC):
-    """Decides which draft nodes the target accepts, and the bonus token.
+    """Decides which draft nodes the target accepts, and the bonus token. Built as `Verifier(**verifier_args)`;
+    every argument has a default (the exact tests build each registered verifier with none).
 
-    lossless: the emitted tokens follow the processed target law exactly (proven by exact tests).
+    lossless (declared by every verifier, no default): the emitted tokens follow the processed target
+    law exactly. True puts the verifier under the exact-enumeration proofs of tests/verify; False
+    makes the engine refuse it unless `allow_lossy`.
     needs_draft_probs: the rule reads `tree.draft_probs` (rejection sampling); None means point mass.
+    chains_only: the rule verifies a single chain (the proofs then draw chains only).
+    A verifier that serves only T = 0 says so in `check` (the proofs then use one-hot target laws).
     `verify_probs` is the reference rule drawing through the scalar primitives (what `exact_law`
     enumerates); a verifier may override `verify` with a vectorised implementation of the same rule.
+    With a root-only tree a sampling rule draws the bonus with one `rng.categorical(p_root)`, so
+    rounds without drafts reproduce plain AR sampling from the same seed.
     """
 
-    lossless: ClassVar[bool] = True
+    lossless: ClassVar[bool]
     needs_draft_probs: ClassVar[bool] = False
+    chains_only: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        require_declared(cls, Verifier, {"lossless": "`lossless = True` (its law is the target's; the exact tests "
+                                                     "prove it) or `lossless = False` (refused unless allow_lossy)"})
+        if "lossless" in dir(cls) and not isinstance(cls.lossless, bool):
+            raise TypeError(f"{cls.__qualname__}.lossless must be True or False, got {cls.lossless!r}")
 
     def check(self, sampling: SamplingConfig) -> None:
         """Raise ValueError if this verifier cannot serve `sampling` (called before a request starts)."""

@@ -9,8 +9,8 @@ choice (a point mass). Siblings are verified in node order, which must be the or
     renormalised, and that conditional law is its row (the verifier reads the "updated draft
     distribution" from the rows; no duplicates can occur).
 Which children exist may depend on anything drawn earlier (e.g. stop when q_u's support is
-exhausted) but never on the draws of those children themselves (non-anticipation, methods.md §1.5):
-a tree must not be pruned or deduplicated by the tokens it drew. For `traversal` each node's subtree
+exhausted) but never on the draws of those children themselves (non-anticipation; docs/methods.md,
+"Sampled trees and non-anticipation"): a tree must not be pruned or deduplicated by the tokens it drew. For `traversal` each node's subtree
 must also be drawn from its own path, independently of its later siblings, as `sample_tree` does.
 
 `DraftTree.validate()` rejects duplicate (parent, token) pairs, so call it only on trees drawn

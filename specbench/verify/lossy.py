@@ -1,7 +1,7 @@
 """`argmax-match`: a lossy rule, kept to show what the exact tests and the engine's refusal catch.
 
-It is the fallback SSD's engine uses on a speculation-cache miss at T > 0 (methods.md §9.2): accept a
-draft child while its token is the target's argmax, then sample the bonus from the full p at the stop.
+It is the fallback SSD's engine uses on a speculation-cache miss at T > 0 (docs/methods.md,
+"Verifiers"): accept a draft child while its token is the target's argmax, then sample the bonus from the full p at the stop.
 When the draft proposes the argmax a, the first emitted token is a with probability 1 instead of p(a)
 (and with probability p(a) more when it does not), so at T > 0 the law is not the target's.
 lossless = False: the engine refuses it unless SpecConfig.allow_lossy is set.

@@ -87,6 +87,7 @@ class ChainRS(Verifier):
 
     lossless = True
     needs_draft_probs = True
+    chains_only = True
 
     def __init__(self, vectorised: bool = True) -> None:
         self.vectorised = vectorised

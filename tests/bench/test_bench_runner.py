@@ -130,6 +130,7 @@ def test_an_optional_drafter_whose_weights_do_not_load_is_skipped_with_a_note(
     (tmp_path / "brokenhead_mod.py").write_text(
         "from specbench.drafters.base import Drafter\n"
         "class BrokenHead(Drafter):\n"
+        "    policies, taps, weights = 'any', (), None\n"
         "    def __init__(self, target):\n"
         "        raise FileNotFoundError('no weights for BrokenHead')\n"
         "    def draft(self, state, policy, budget):\n"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eagle3_helpers import target_batch, tiny_target
+from eagle3_helpers import target_batch
+from targets import tiny_target
 
 from specbench.models.target import TargetModel
 

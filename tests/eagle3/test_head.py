@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from eagle3_helpers import tiny_target
+from targets import tiny_target
 
 from specbench.drafters.eagle3.drafter import Eagle3Drafter, load_eagle3_head, random_head
 from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers, select_draft_vocab, target_to_draft

@@ -12,11 +12,14 @@ from specbench.drafters.base import Drafter, DraftState
 from specbench.engine import NonFiniteLogitsError, SpecDecoder
 from specbench.models import load_target
 from specbench.models.loader import ModelLoadError
+from specbench.trees import TREE_POLICIES
 from specbench.trees.base import DraftTree, TreePolicy
 
 
 class OracleDrafter(Drafter):
     """Proposes the known AR continuation (so everything is accepted), plus a wrong sibling branch."""
+
+    policies, taps, weights = "any", (), None
 
     def __init__(self, target, continuation: list[int]) -> None:
         super().__init__(target)
@@ -180,6 +183,8 @@ def test_taps_are_requested_from_every_forward(tiny) -> None:
     seen = []
 
     class TapDrafter(Drafter):
+        policies, weights = "any", None
+
         @property
         def taps(self):
             return (0, 1)
@@ -197,3 +202,42 @@ def test_taps_are_requested_from_every_forward(tiny) -> None:
     assert seen[0] == ("prefill", (0, 1), 4)
     assert all(s == ("round", (0, 1), 3) for s in seen[1:]) and len(seen) > 1
     assert torch.is_tensor(tiny.model.embed.weight)
+
+
+def test_timed_policy_charges_growth_to_tree_and_expansion_to_draft() -> None:
+    """The engine's wrapper times a policy's `grow` as "tree", minus the drafter's `expand` passes it
+    calls back (those stay in the surrounding "draft" stage)."""
+    import time
+
+    from specbench.engine import TimedPolicy
+    from specbench.stats import StageTimer
+
+    class SlowGrowth(TreePolicy):
+        name, can_grow = "slow-growth", True
+
+        def build(self, scores, budget):
+            raise AssertionError
+
+        def grow(self, anchor, expand, budget, max_depth, device="cpu"):
+            time.sleep(0.05)
+            expand(DraftTree.root_only(anchor), torch.zeros(1, dtype=torch.long))
+            return DraftTree.root_only(anchor)
+
+    def expand(tree, frontier):
+        time.sleep(0.3)
+        return torch.zeros(1, 4)
+
+    timer = StageTimer()
+    policy = TimedPolicy(SlowGrowth(), timer)
+    assert policy.can_grow and not TimedPolicy(TREE_POLICIES.build("ddtree"), timer).can_grow
+    with timer.stage("draft"):
+        policy.grow(3, expand, 1, 1)
+    times = timer.pop()
+    assert 0.05 <= times["tree"] < 0.3 and times["draft"] >= 0.35
+
+
+
+def test_a_drafter_is_refused_a_policy_it_does_not_declare(tiny) -> None:
+    """`self` declares policies = "growing": the engine names the policies that can grow."""
+    with pytest.raises(ConfigError, match=r"works with tree policies \['chain', 'eagle2', 'static'\], not 'ddtree'"):
+        SpecDecoder(tiny, SpecConfig(drafter="self", tree="ddtree"), max_seq_len=64)

@@ -1,10 +1,12 @@
-"""Growing trees with an autoregressive drafter (`expand` callback): eagle2 against a brute-force
-EAGLE-2, chain = greedy drafting, static = per-node ranks; the callback contract; frontier_subtree."""
+"""Growing trees with an autoregressive drafter (`expand` callback): every registered policy that
+declares can_grow keeps the callback contract and the tree invariants; eagle2 against a brute-force
+EAGLE-2, chain = greedy drafting, static = per-node ranks; frontier_subtree."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from components import policy_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from trees_reference import check_invariants, depth_scores, eagle2, f32, node_paths, ranked_ids
@@ -46,6 +48,26 @@ class ToyDrafter:
 def records(tree: DraftTree) -> list[tuple[tuple[int, ...], float]]:
     paths, scores = node_paths(tree), tree.scores.tolist()
     return [(paths[i], scores[i]) for i in range(1, tree.num_nodes)]
+
+
+GROWING = policy_cases(growing=True)
+
+
+@pytest.mark.parametrize("name,args", GROWING, ids=[f"{n}{a}" for n, a in GROWING])
+@settings(max_examples=30, deadline=None)
+@given(vocab=st.integers(1, 6), seed=st.integers(0, 10**6), ties=st.booleans(), budget=st.integers(0, 30),
+       drafter_depth=st.integers(0, 5))
+def test_growing_policy_invariants(name: str, args: dict, vocab: int, seed: int, ties: bool, budget: int,
+                                   drafter_depth: int) -> None:
+    """One depth per expand call, ancestors first (ToyDrafter checks), at most `budget` nodes within the
+    drafter's depth, the anchor at the root, scores never rising from parent to child."""
+    toy = ToyDrafter(vocab, seed, ties)
+    tree = grow_tree(TREE_POLICIES.build(name, **args), 11, toy.expand, budget, drafter_depth)
+    tree.validate()
+    check_invariants(tree, drafter_depth)
+    assert tree.budget <= budget and tree.tokens[0] == 11
+    assert tree.scores is not None and bool((tree.scores[1:] <= tree.scores[tree.parents[1:]]).all())
+    assert toy.calls <= drafter_depth
 
 
 @settings(max_examples=80, deadline=None)

@@ -1,5 +1,6 @@
-"""Every policy, on random small tables: the DraftTree invariants, the exact budget, the depth
-limit, and the ancestor mask against networkx reachability."""
+"""Every registered tree policy (each argument set in its `examples`), on random small tables: the
+DraftTree invariants, the budget, the depth limit, and the ancestor mask against networkx
+reachability. For the built-in policies the tree's size is also checked against their rule."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 
 import pytest
 import torch
+from components import policy_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from trees_reference import check_invariants, depth_scores
@@ -18,8 +20,9 @@ from specbench.trees.ranking import ranked_topk
 from specbench.trees.static import NAMED_TREES, StaticPolicy
 
 
-def expected_size(name: str, args: dict, scores: DepthScores, budget: int) -> int:
-    """Draft nodes each policy must return: the budget, or every node its rule allows if fewer."""
+def expected_size(name: str, args: dict, scores: DepthScores, budget: int) -> int | None:
+    """Draft nodes a built-in policy must return: the budget, or every node its rule allows if fewer
+    (None for a policy this oracle does not know)."""
     depth, vocab = scores.depth, scores.vocab_size
     if name == "chain":
         available = depth
@@ -46,24 +49,11 @@ def expected_size(name: str, args: dict, scores: DepthScores, budget: int) -> in
         paths = NAMED_TREES[args["tree"]] if "tree" in args else args["paths"]
         available = sum(1 for p in paths if len(p) <= depth and all(r < vocab for r in p))
     else:
-        raise AssertionError(name)
+        return None
     return min(budget, available)
 
 
-POLICIES = [
-    ("chain", {}),
-    ("ddtree", {}),
-    ("ddtree-vec", {}),
-    ("accum-logp", {}),
-    ("accum-logp", {"width": 2}),
-    ("fanout-cap", {}),
-    ("fanout-cap", {"width": 3, "beta": 2.0, "g0": 0.5}),
-    ("fanout-cap", {"rule": "fixed", "caps": [2, 1, 3], "width": 4}),
-    ("eagle2", {"top_k": 2, "max_depth": 3}),
-    ("eagle2", {}),
-    ("static", {"tree": "default-31"}),
-    ("static", {"paths": [[0], [2], [0, 1], [0, 1, 0], [2, 0], [0, 0]]}),
-]
+POLICIES = policy_cases()
 
 
 @pytest.mark.parametrize("name,args", POLICIES, ids=[f"{n}{a}" for n, a in POLICIES])
@@ -74,17 +64,34 @@ def test_policy_invariants(name: str, args: dict, scores: DepthScores, budget: i
     tree.validate()
     check_invariants(tree, scores.depth)
     assert tree.tokens[0] == scores.anchor
-    assert tree.budget == expected_size(name, args, scores, budget)
+    size = expected_size(name, args, scores, budget)
+    assert tree.budget <= budget and (size is None or tree.budget == size)
     assert tree.scores is not None and tree.scores.shape == (tree.num_nodes,)
     # a child never outscores its parent (what makes top-B cuts closed under parents)
     parents = tree.parents[1:]
     assert bool((tree.scores[1:] <= tree.scores[parents]).all())
 
 
+@pytest.mark.parametrize("name,args", POLICIES, ids=[f"{n}{a}" for n, a in POLICIES])
+@settings(max_examples=40, deadline=None)
+@given(scores=depth_scores(min_depth=1), size=st.integers(0, 30), budget=st.integers(0, 40))
+def test_policy_select_keeps_a_scored_subtree(name: str, args: dict, scores: DepthScores, size: int,
+                                              budget: int) -> None:
+    """select() on a scored candidate tree (what n-gram tries and re-scoring drafters hand over): at
+    most `budget` of the candidates, closed under parents, with their own tokens and scores."""
+    candidates = TREE_POLICIES.build("ddtree").build(scores, size)
+    tree = TREE_POLICIES.build(name, **args).select(candidates, budget)
+    tree.validate()
+    assert tree.budget <= budget and tree.tokens[0] == scores.anchor
+    paths = {tuple(candidates.tokens[candidates.path_to(i)].tolist()): float(candidates.scores[i])
+             for i in range(candidates.num_nodes)}
+    for i in range(tree.num_nodes):
+        assert paths[tuple(tree.tokens[tree.path_to(i)].tolist())] == float(tree.scores[i])
+
+
 def test_bad_budget_and_arguments_fail_with_a_message() -> None:
     scores = DepthScores(1, torch.log_softmax(torch.randn(3, 5), -1))
-    for name in TREE_POLICIES.names():
-        args = {"tree": "default-31"} if name == "static" else {}
+    for name, args in POLICIES:
         with pytest.raises(TreeError, match="budget"):
             TREE_POLICIES.build(name, **args).build(scores, -1)
     with pytest.raises(TreeError, match="width"):

@@ -62,9 +62,9 @@ def top_b(logp: torch.Tensor, budget: int) -> list[tuple[tuple[int, ...], float,
 
 def capped_best_first(logp: torch.Tensor, width: int, caps: Sequence[int] | None,
                       budget: int) -> list[tuple[tuple[int, ...], float, int]]:
-    """JetSpec's loop as methods.md 4.3 writes it (budget without the root): repeatedly take the open
-    node of highest score (ties: lower id); below depth D it gets its first min(cap_d, K, room)
-    children. (token path, score, parent index in this list or -1) per draft node, in creation order."""
+    """JetSpec's loop as docs/methods.md ("accum-logp") describes it (budget without the root):
+    repeatedly take the open node of highest score (ties: lower id); below depth D it gets its first
+    min(cap_d, K, room) children. (token path, score, parent index in this list or -1) per draft node, in creation order."""
     ids, lp = ranked_table(logp)
     depth, width = len(ids), min(width, logp.shape[-1])
     paths, scores, parents, depths = [()], [0.0], [-1], [0]
@@ -100,8 +100,8 @@ def all_prefix_scores(logp: torch.Tensor, width: int, depth: int) -> list[float]
 
 def eagle2(anchor: int, logp_of: Callable[[tuple[int, ...]], list[float]], budget: int, width: int,
            depth: int) -> list[tuple[tuple[int, ...], float]]:
-    """EAGLE-2 as described (methods.md 6.2) with the documented ties: (token path, score) per kept
-    node, in candidate order (depth, beam place, rank)."""
+    """EAGLE-2 as docs/methods.md ("eagle2") describes it, with the documented ties: (token path,
+    score) per kept node, in candidate order (depth, beam place, rank)."""
     depth = min(depth, budget)
     candidates: list[tuple[tuple[int, ...], float]] = []
     beams = [((), 0.0)]

@@ -1,6 +1,6 @@
 """The whole SpecDecoder, enumerated exactly: with a tiny random float64 target (vocabulary 5) and a
-test-only drafter, the law of the first 4 generated tokens under every lossless verifier equals
-ancestral sampling's law, computed from plain forward passes of the target.
+test-only drafter, the law of the first 4 generated tokens under every registered lossless verifier
+equals ancestral sampling's law, computed from plain forward passes of the target.
 
 The randomness is enumerated across the whole loop (prefill token, every drafting draw, every
 verification draw, over all rounds): one EnumeratingRandomness serves as both `rng` and `draft_rng`,
@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from components import serves_sampling, verifiers
 from verify_cases import depths
 
 from specbench.config import ConfigError, SamplingConfig, SpecConfig
@@ -24,7 +25,7 @@ from specbench.models.config import ModelConfig
 from specbench.models.loader import build_model
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
-from specbench.verify import Randomness, TorchRandomness, ar_law, enumerate_law, law_gap, sample_tree
+from specbench.verify import VERIFIERS, Randomness, TorchRandomness, ar_law, enumerate_law, law_gap, sample_tree
 from specbench.verify.sampling import process_logits
 
 VOCAB = 5
@@ -63,6 +64,7 @@ class TableDrafter(Drafter):
     (rows recorded only when wanted); "argmax": always deterministic (point masses)."""
 
     name = "table"
+    policies, taps, weights = "any", (), None
 
     def __init__(self, target: TargetModel, shape: list[int], mode: str = "auto", replacement: bool = True) -> None:
         super().__init__(target)
@@ -95,25 +97,35 @@ def ar_target_law(seed: int, sampling: SamplingConfig) -> dict:
 
 
 WIDE = [-1, 0, 0]  # two root children (duplicates when drawn with replacement)
-CASES = [  # verifier, temperature, top_k, drafter shape, drafter mode, replacement
-    ("greedy", 0.0, 0, TREE, "auto", True),
-    ("sample-walk", 1.0, 2, WIDE, "sample", True),
-    ("chain-rs", 1.0, 2, CHAIN, "auto", True),
-    ("chain-rs", 0.8, 2, CHAIN, "argmax", True),
-    ("tree-rrs", 1.0, 2, WIDE, "auto", True),
-    ("tree-rrs", 1.0, 2, TREE, "auto", False),
-    ("tree-rrs-pointmass", 1.0, 2, TREE, "auto", True),
-    ("traversal", 1.0, 2, WIDE, "auto", True),
-    ("traversal", 1.0, 2, CHAIN, "auto", True),
-]
-SLOW_CASES = [  # larger supports and trees: minutes
-    ("sample-walk", 1.0, 3, WIDE, "sample", True),
-    ("chain-rs", 1.0, 3, CHAIN, "auto", True),
-    ("tree-rrs", 1.0, 3, TREE, "auto", True),
-    ("tree-rrs", 1.0, 3, TREE, "auto", False),
-    ("traversal", 1.0, 3, TREE, "auto", True),
-    ("traversal", 1.0, 3, TREE, "auto", False),
-]
+
+
+def engine_cases() -> list[tuple]:
+    """(verifier, temperature, top_k, drafter shape, drafter mode, replacement) for every registered
+    lossless verifier, on the shapes and temperatures its declarations admit: drafts sampled with and
+    without replacement, drafts chosen deterministically (point masses), and draws at T < 1."""
+    out: list[tuple] = []
+    for name in verifiers(lossless=True):
+        chains = VERIFIERS.get(name).chains_only
+        first, last = (CHAIN, CHAIN) if chains else (WIDE, TREE)
+        if not serves_sampling(name):
+            out += [(name, 0.0, 0, first, "auto", True), (name, 0.0, 0, last, "sample", True)]
+            continue
+        out += [(name, 1.0, 2, first, "sample", True), (name, 1.0, 2, last, "auto", True),
+                (name, 0.8, 2, last, "argmax", True)]
+        if not chains:
+            out.append((name, 1.0, 2, TREE, "sample", False))
+    return out
+
+
+CASES = engine_cases()
+
+SLOW_CASES = [(n, t, 3, s, m, r) for n, t, _, s, m, r in CASES if t == 1.0 and s is not WIDE]  # top-3 supports: minutes
+SAMPLERS = [n for n in verifiers(lossless=True) if serves_sampling(n)]
+SHAPES = {tuple(TREE): "tree", tuple(CHAIN): "chain", tuple(WIDE): "wide"}
+
+
+def case_ids(cases: list[tuple]) -> list[str]:
+    return [f"{n}-T{t}-top{k}-{SHAPES[tuple(s)]}-{m}" + ("" if r else "-norepl") for n, t, k, s, m, r in cases]
 
 
 def check_engine_law(name, temperature, top_k, shape, mode, replacement) -> None:  # type: ignore[no-untyped-def]
@@ -134,22 +146,23 @@ def check_engine_law(name, temperature, top_k, shape, mode, replacement) -> None
     assert max(rounds_with_drafts) == max(depths(shape))  # whole draft paths do get accepted
 
 
-@pytest.mark.parametrize("name,temperature,top_k,shape,mode,replacement", CASES)
+@pytest.mark.parametrize("name,temperature,top_k,shape,mode,replacement", CASES, ids=case_ids(CASES))
 def test_engine_law_of_first_tokens_is_ar_law(name, temperature, top_k, shape, mode, replacement) -> None:
     check_engine_law(name, temperature, top_k, shape, mode, replacement)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,temperature,top_k,shape,mode,replacement", SLOW_CASES)
+@pytest.mark.parametrize("name,temperature,top_k,shape,mode,replacement", SLOW_CASES, ids=case_ids(SLOW_CASES))
 def test_engine_law_larger_cases(name, temperature, top_k, shape, mode, replacement) -> None:
     check_engine_law(name, temperature, top_k, shape, mode, replacement)
 
 
 def test_same_seed_same_output_other_seed_other_output() -> None:
     target = tiny_target(1)
-    for name in ["sample-walk", "chain-rs", "tree-rrs", "traversal"]:
-        decoder = SpecDecoder(target, SpecConfig(drafter="table", verifier=name, budget=3),
-                              drafter=TableDrafter(target, TREE if name != "chain-rs" else CHAIN), max_seq_len=64)
+    for name in SAMPLERS:
+        shape = CHAIN if VERIFIERS.get(name).chains_only else TREE
+        decoder = SpecDecoder(target, SpecConfig(drafter="table", verifier=name, budget=len(shape) - 1),
+                              drafter=TableDrafter(target, shape), max_seq_len=64)
         runs = [decoder.generate(PROMPT, 30, SamplingConfig(temperature=1.0, seed=s)).tokens for s in (0, 0, 1)]
         assert runs[0] == runs[1] and runs[0] != runs[2], name
 
@@ -165,11 +178,13 @@ class CountingRandomness(TorchRandomness):
 
 
 class NoDraft(Drafter):
+    policies, taps, weights = "any", (), None
+
     def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
         return DraftTree.root_only(state.anchor)
 
 
-@pytest.mark.parametrize("name", ["sample-walk", "chain-rs", "tree-rrs", "tree-rrs-pointmass", "traversal"])
+@pytest.mark.parametrize("name", SAMPLERS)
 def test_no_draft_draws_no_extra_randomness(name: str) -> None:
     """Without drafts (no drafter, or a drafter that proposes nothing) every verifier draws exactly
     one uniform per token and reproduces plain AR sampling from the same seed."""
@@ -186,12 +201,14 @@ def test_no_draft_draws_no_extra_randomness(name: str) -> None:
         assert rng.uniforms == 25 and draft_rng.uniforms == 0
 
 
-def test_engine_refuses_a_lossy_verifier_unless_allowed() -> None:
+@pytest.mark.parametrize("name", verifiers(lossless=False))
+def test_engine_refuses_a_lossy_verifier_unless_allowed(name: str) -> None:
     target = tiny_target()
     with pytest.raises(ConfigError, match="not lossless"):
-        SpecDecoder(target, SpecConfig(verifier="argmax-match"), max_seq_len=32)
-    decoder = SpecDecoder(target, SpecConfig(verifier="argmax-match", allow_lossy=True), max_seq_len=32)
-    assert len(decoder.generate(PROMPT, 3, SamplingConfig(temperature=1.0)).tokens) == 3
+        SpecDecoder(target, SpecConfig(verifier=name), max_seq_len=32)
+    decoder = SpecDecoder(target, SpecConfig(verifier=name, allow_lossy=True), max_seq_len=32)
+    sampling = SamplingConfig(temperature=1.0 if serves_sampling(name) else 0.0)
+    assert len(decoder.generate(PROMPT, 3, sampling).tokens) == 3
 
 
 def test_engine_exact_check_catches_a_lossy_verifier() -> None:

@@ -1,19 +1,24 @@
-"""Exact-enumeration property tests: every lossless verifier emits exactly the target's law (1e-12).
+"""Exact-enumeration property tests: every registered lossless verifier emits exactly the target's
+law (1e-12), on the shared case generator (verify_cases).
 
-Fixed trees (any shape, duplicate siblings, point-mass drafts): exact_law == target_law, the law of
-ancestral sampling walked down the tree. Sampled trees (children drawn from random draft laws with or
-without replacement; the sampler's draws are enumerated too): every emitted next token follows the
-target given its prefix (next_token_gap == 0, equivalent to "the emitted block continued by
-ancestral sampling has the ancestral law"). Negative controls show the same checks catch lossy rules.
+The suites run over `components.verifiers(lossless=True)`, each on the cases its declarations admit
+(chains only for `chains_only`, one-hot target laws for a verifier whose `check` refuses T > 0).
+The proof on fixed trees (any shape, duplicate siblings, point-mass drafts) and on sampled trees
+(children drawn from random draft laws with or without replacement; the sampler's draws are
+enumerated too) is the same: every emitted next token follows the target given its prefix
+(next_token_gap == 0, equivalent to "the emitted block continued by ancestral sampling has the
+ancestral law"). On point masses the built-in walk and rejection rules are moreover exactly the
+ancestral walk down the tree (exact_law == target_law). Negative controls show the checks catch lossy rules.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from components import serves_sampling, verifiers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from verify_cases import RandomDraftLaw, RandomLaw, depths, shapes, support_caps, tree_from
+from verify_cases import ArgmaxLaw, RandomDraftLaw, RandomLaw, depths, shapes, support_caps, tree_from
 
 from specbench.verify import (
     VERIFIERS,
@@ -27,34 +32,41 @@ from specbench.verify import (
 )
 
 TOL = 1e-12
-FIXED_TREE_VERIFIERS = ["sample-walk", "tree-rrs", "tree-rrs-pointmass", "traversal"]
+LOSSLESS = verifiers(lossless=True)
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 
+def domain(name: str) -> dict:
+    """The cases a verifier's declarations admit: chains only, and/or T = 0 (one-hot target laws)."""
+    return {"chain": VERIFIERS.get(name).chains_only, "greedy": not serves_sampling(name)}
+
+
 @st.composite
-def fixed_cases(draw: st.DrawFn, chain: bool = False):  # type: ignore[no-untyped-def]
+def fixed_cases(draw: st.DrawFn, chain: bool = False, greedy: bool = False):  # type: ignore[no-untyped-def]
     vocab = draw(st.integers(2, 7))
     shape = draw(shapes(chain=chain))
     tokens = [draw(st.integers(0, vocab - 1)) for _ in shape]
-    target = RandomLaw(draw(st.integers(0, 2**32 - 1)), vocab)
+    target = (ArgmaxLaw if greedy else RandomLaw)(draw(st.integers(0, 2**32 - 1)), vocab)
     return tree_from(shape, tokens), target
 
 
-@settings(max_examples=60, **SETTINGS)
-@given(case=fixed_cases(), name=st.sampled_from(FIXED_TREE_VERIFIERS))
-def test_fixed_tree_point_mass_law_is_target_law(case, name) -> None:
-    tree, target = case
+@pytest.mark.parametrize("name", LOSSLESS)
+@settings(max_examples=40, **SETTINGS)
+@given(data=st.data())
+def test_fixed_tree_every_next_token_follows_target(name: str, data: st.DataObject) -> None:
+    tree, target = data.draw(fixed_cases(**domain(name)))
     law = exact_law(VERIFIERS.build(name), tree, target)
-    assert law_gap(law, target_law(tree, target)) < TOL
+    assert next_token_gap(law, target) < TOL
     assert abs(sum(law.values()) - 1.0) < TOL
 
 
 @settings(max_examples=30, **SETTINGS)
-@given(case=fixed_cases(chain=True))
-def test_chain_rs_point_mass_law_is_target_law(case) -> None:
+@given(case=fixed_cases(), name=st.sampled_from(["sample-walk", "tree-rrs", "tree-rrs-pointmass", "traversal"]))
+def test_on_point_masses_the_tree_rules_are_the_ancestral_walk(case, name: str) -> None:
+    """With deterministic children these rules accept exactly what sample-walk accepts (their module
+    docstrings derive it), so their law is the ancestral walk's, duplicates descending into the first."""
     tree, target = case
-    law = exact_law(VERIFIERS.build("chain-rs"), tree, target)
-    assert law_gap(law, target_law(tree, target)) < TOL
+    assert law_gap(exact_law(VERIFIERS.build(name), tree, target), target_law(tree, target)) < TOL
 
 
 @settings(max_examples=30, **SETTINGS)
@@ -70,31 +82,25 @@ def test_greedy_law_is_the_argmax_walk(case) -> None:
 
 
 @st.composite
-def sampled_cases(draw: st.DrawFn, chain: bool = False, max_trees: int = 128):  # type: ignore[no-untyped-def]
+def sampled_cases(draw: st.DrawFn, chain: bool = False, greedy: bool = False,  # type: ignore[no-untyped-def]
+                  max_trees: int = 128):
     vocab = draw(st.integers(2, 7))
     shape = draw(shapes(chain=chain))
     wanted = [draw(st.integers(min(2, vocab), min(3, vocab))) for _ in range(5)]
     caps = support_caps(shape, wanted, max_trees)
-    target = RandomLaw(draw(st.integers(0, 2**32 - 1)), vocab)
+    target = (ArgmaxLaw if greedy else RandomLaw)(draw(st.integers(0, 2**32 - 1)), vocab)
     draft = RandomDraftLaw(draw(st.integers(0, 2**32 - 1)), target, lambda depth: caps[depth])
     return shape, target, draft
 
 
-@settings(max_examples=50, **SETTINGS)
-@given(case=sampled_cases(), name=st.sampled_from(["tree-rrs", "traversal"]), replacement=st.booleans())
-def test_sampled_tree_every_next_token_follows_target(case, name, replacement) -> None:
-    shape, target, draft = case
+@pytest.mark.parametrize("name", LOSSLESS)
+@settings(max_examples=30, **SETTINGS)
+@given(data=st.data(), replacement=st.booleans())
+def test_sampled_tree_every_next_token_follows_target(name: str, data: st.DataObject, replacement: bool) -> None:
+    shape, target, draft = data.draw(sampled_cases(**domain(name)))
     law = exact_law(VERIFIERS.build(name), lambda rng: sample_tree(0, draft, shape, rng, replacement), target)
     assert next_token_gap(law, target) < TOL
     assert abs(sum(law.values()) - 1.0) < TOL
-
-
-@settings(max_examples=25, **SETTINGS)
-@given(case=sampled_cases(chain=True), name=st.sampled_from(["chain-rs", "traversal"]))
-def test_sampled_chain_every_next_token_follows_target(case, name) -> None:
-    shape, target, draft = case
-    law = exact_law(VERIFIERS.build(name), lambda rng: sample_tree(0, draft, shape, rng), target)
-    assert next_token_gap(law, target) < TOL
 
 
 @settings(max_examples=15, **SETTINGS)
@@ -119,12 +125,13 @@ def test_traversal_accepts_at_least_as_much_as_chain_rs_on_chains(case) -> None:
     assert mean_length("traversal") >= mean_length("chain-rs") - TOL
 
 
+@pytest.mark.parametrize("name", VERIFIERS.names())
 @settings(max_examples=10, **SETTINGS)
-@given(case=sampled_cases(max_trees=12), name=st.sampled_from(["tree-rrs", "traversal", "argmax-match"]))
-def test_next_token_gap_agrees_with_ar_law_comparison(case, name) -> None:
+@given(data=st.data())
+def test_next_token_gap_agrees_with_ar_law_comparison(name: str, data: st.DataObject) -> None:
     """The cheap criterion and the literal one (continue every emitted block by ancestral sampling,
-    compare with ancestral sampling) agree, for lossless and lossy rules alike."""
-    shape, target, draft = case
+    compare with ancestral sampling) agree, for every registered rule, lossless and lossy alike."""
+    shape, target, draft = data.draw(sampled_cases(max_trees=12, **domain(name)))
     law = exact_law(VERIFIERS.build(name), lambda rng: sample_tree(0, draft, shape, rng), target)
     length = max(depths(shape)) + 1
     literal = law_gap(extend_law(law, target, length), ar_law(target, length))
@@ -134,7 +141,7 @@ def test_next_token_gap_agrees_with_ar_law_comparison(case, name) -> None:
 @pytest.mark.slow
 def test_large_sampled_tree_depth4_twelve_nodes() -> None:
     """One case at the full size (12 nodes, depth 4, two-token draft supports at every node, 2048
-    trees) for each rejection rule and both sampling schemes."""
+    trees) for each lossless rule that reads draft probabilities on trees, both sampling schemes."""
     shape = [-1, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8]
     target = RandomLaw(11, 5)
 
@@ -144,7 +151,7 @@ def test_large_sampled_tree_depth4_twelve_nodes() -> None:
         law[torch.randperm(5, generator=g)[:2]] = torch.rand(2, generator=g, dtype=torch.float64) + 0.1
         return law
 
-    for name in ["tree-rrs", "traversal"]:
+    for name in [n for n in LOSSLESS if VERIFIERS.get(n).needs_draft_probs and not VERIFIERS.get(n).chains_only]:
         for replacement in (True, False):
             sampler = lambda rng: sample_tree(0, draft, shape, rng, replacement)  # noqa: E731
             assert next_token_gap(exact_law(VERIFIERS.build(name), sampler, target), target) < TOL
@@ -163,7 +170,8 @@ def test_lossy_argmax_match_is_caught() -> None:
 
 
 def test_rrs_with_rows_that_lie_is_caught() -> None:
-    """Greedy (argmax) drafting that records q as if it had sampled (methods.md V2's warning), and a
+    """Greedy (argmax) drafting that records q as if it had sampled (a recorded row must be the law the
+    token was drawn from: docs/methods.md, "Sampled trees and non-anticipation"), and a
     without-replacement sampler whose rows keep the base q: both are lossy under tree-rrs."""
     vocab = 4
     target = lambda path: torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)  # noqa: E731
@@ -207,8 +215,3 @@ def _paths(tree):  # type: ignore[no-untyped-def]
     from specbench.verify.exact import node_paths
 
     return node_paths(tree)
-
-
-@pytest.mark.parametrize("name", ["greedy", "sample-walk", "chain-rs", "tree-rrs", "tree-rrs-pointmass", "traversal"])
-def test_registered_lossless(name: str) -> None:
-    assert VERIFIERS.get(name).lossless

@@ -1,6 +1,6 @@
 """End to end on the real model: SmolLM2-135M (fp32, CPU) at T = 1, top-p 0.9. The first round's
 first emitted token, jointly with the prefill token before it, must follow the target's processed
-law, under every lossless sampling verifier x drafters {ngram, self}. Seeded chi-square with a
+law, under every registered lossless sampling verifier x every training-free drafter (chain policy). Seeded chi-square with a
 Bonferroni correction over the combinations: deterministic. Slow (hundreds of full generate calls)."""
 
 from __future__ import annotations
@@ -9,15 +9,18 @@ from collections import Counter
 
 import pytest
 import torch
+from components import serves_sampling, verifiers
 from verify_cases import chi_square_pvalue
 
 from specbench.config import SamplingConfig, SpecConfig
+from specbench.drafters import DRAFTERS
 from specbench.engine import SpecDecoder
 from specbench.verify.sampling import process_logits
 
 PROMPT = "x = 1; y = 2; x = 1; y ="  # the prefill token has 2 choices; ngram finds the repeated context
 SAMPLING = SamplingConfig(temperature=1.0, top_p=0.9)
-VERIFIERS_T1 = ["sample-walk", "chain-rs", "tree-rrs", "tree-rrs-pointmass", "traversal"]
+VERIFIERS_T1 = [n for n in verifiers(lossless=True) if serves_sampling(n)]
+TRAINING_FREE = [n for n in DRAFTERS.names() if DRAFTERS.get(n).weights is None]
 DRAWS = 200
 FAMILY_ALPHA = 1e-3
 
@@ -43,7 +46,7 @@ def test_first_round_token_follows_target_law(smollm2) -> None:
     ids = smollm2.encode(PROMPT)
     law = two_token_law(smollm2, ids)
     pvalues = {}
-    combos = [(drafter, name) for drafter in ("ngram", "self") for name in VERIFIERS_T1]
+    combos = [(drafter, name) for drafter in TRAINING_FREE for name in VERIFIERS_T1]
     for k, (drafter, name) in enumerate(combos):  # disjoint seeds: independent p-values
         decoder = SpecDecoder(smollm2, SpecConfig(drafter=drafter, verifier=name, budget=4), max_seq_len=64)
         drafted = []

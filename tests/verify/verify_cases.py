@@ -68,6 +68,15 @@ class RandomLaw:
         return self.memo[path]
 
 
+class ArgmaxLaw(RandomLaw):
+    """The T = 0 processed law of a RandomLaw: one-hot on its argmax (lowest id among exact ties)."""
+
+    def row(self, path: tuple[int, ...]) -> np.ndarray:
+        w = np.zeros(self.vocab)
+        w[int(np.argmax(super().row(path)))] = 1.0  # np.argmax returns the first maximum
+        return w
+
+
 class RandomDraftLaw(RandomLaw):
     """A draft law with at most `cap(depth)` tokens in its support (bounding the trees a sampler can
     draw); sometimes equal to the target's row, or 1e-13 away from it."""

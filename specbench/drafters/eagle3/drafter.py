@@ -1,4 +1,4 @@
-"""`eagle3`: the autoregressive feature-level draft head (methods.md §6), drafting depth by depth.
+"""`eagle3`: the autoregressive feature-level draft head, drafting depth by depth (docs/methods.md, "eagle3").
 
 Head entries. Entry j of the head pairs token x_{j+1} with the fused target feature g_j of position j
 and sits at RoPE position j; its output predicts x_{j+2}. With committed tokens x_0..x_n (x_n = the
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specbench.drafters import DRAFTERS
-from specbench.drafters.base import Drafter, DraftState
+from specbench.drafters.base import Drafter, DraftState, Weights
 from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers
 from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache, sdpa_attention
 from specbench.models.target import TargetModel
@@ -72,7 +72,8 @@ class Eagle3Drafter(Drafter):
     the verify result's tensors, draft entries live in buffers of ROW_CAPACITY rows allocated once."""
 
     name = "eagle3"
-    policies = ("chain", "eagle2", "static")
+    policies = "growing"  # chain is drafted by a direct loop; other policies grow the tree
+    weights = Weights(train="specbench train --drafter {drafter} --data DATA_DIR --out DIR")
 
     def __init__(self, target: TargetModel, checkpoint: str | None = None, *, random_init: bool = False,
                  draft_vocab: int = 0, seed: int = 0, head: Eagle3Head | None = None) -> None:
@@ -104,7 +105,7 @@ class Eagle3Drafter(Drafter):
         return self.cache.host_lengths[0] if self.cache is not None else 0
 
     def capturable(self, policy: TreePolicy) -> bool:
-        return policy.capturable(self.target.device) and hasattr(policy, "grow")
+        return policy.capturable(self.target.device) and policy.can_grow
 
     # ---- request / round bookkeeping ---------------------------------------------------------
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
@@ -250,7 +251,7 @@ class Eagle3Drafter(Drafter):
 def _shipped_head_dir(target: TargetModel) -> Path:
     from specbench.drafters.heads.checkpoint import HeadCheckpointError, default_head_dir, train_hint
 
-    directory = default_head_dir("eagle3", target)
+    directory = default_head_dir("eagle3", target.name)
     if not (directory / "config.json").is_file():
         raise HeadCheckpointError(
             f"no eagle3 head is shipped for target {target.name!r} (looked in {str(directory)!r}). Train one with "

@@ -1,4 +1,4 @@
-"""The draft-head backbone shared by dflash, jetspec and jetspec-tree (methods.md §1.1-1.3).
+"""The draft-head backbone shared by dflash, jetspec and jetspec-tree (docs/methods.md, "Shared pieces").
 
 Context: the tapped target layers' outputs at each verified position are concatenated and fused,
 c_i = RMSNorm(W_fc [h^l1_i; ...; h^lm_i]). Every draft layer projects the same c with its own K/V
@@ -32,8 +32,8 @@ from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, RMSNo
 
 
 def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
-    """The DFlash rule (methods.md §1.1): evenly spaced from layer 1 to L-3 (one tap: the middle).
-    Shallow targets (tests) fall back to evenly spaced over all layers."""
+    """The DFlash rule (docs/methods.md, "Taps and fusion"): evenly spaced from layer 1 to L-3 (one
+    tap: the middle). Shallow targets (tests) fall back to evenly spaced over all layers."""
     L = num_target_layers
     if count == 1:
         return (L // 2,)

@@ -103,9 +103,9 @@ def load_head(directory: str | Path, target: TargetModel) -> tuple[dict[str, Ten
     return state, meta["head"]
 
 
-def default_head_dir(drafter: str, target: TargetModel) -> Path:
+def default_head_dir(drafter: str, target_name: str) -> Path:
     """Where a shipped head lives: specbench/heads/<drafter>-<target name>/."""
     import specbench
 
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", target.name)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", target_name)
     return Path(specbench.__file__).parent / "heads" / f"{drafter}-{safe}"

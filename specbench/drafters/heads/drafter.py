@@ -1,7 +1,7 @@
 """`HeadDrafter`: what every DFlash-family drafter shares: loading the head, the draft-side cache of
 verified-context K/V, and running a block (MASK or concrete inputs) against it.
 
-Draft-side cache (methods.md §1.3): per draft layer, the K/V of the fused context feature of every
+Draft-side cache (docs/methods.md, "The draft-side cache"): per draft layer, the K/V of the fused context feature of every
 verified position, written exactly once. `begin` writes the prompt's; `observe` writes those of the
 verify pass's accepted nodes (root + path), which are the next committed positions, so the cache's
 length always equals the target's (every committed token but the anchor). A block's own K/V are
@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from specbench.config import ConfigError
-from specbench.drafters.base import Drafter, DraftState
-from specbench.drafters.heads.backbone import DraftHead, HeadConfig
+from specbench.drafters.base import Drafter, DraftState, Weights
+from specbench.drafters.heads.backbone import DraftHead, HeadConfig, default_taps
 from specbench.drafters.heads.checkpoint import HeadCheckpointError, default_head_dir, load_head, train_hint
 from specbench.drafters.heads.masks import block_pattern
 from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache
@@ -29,7 +29,7 @@ from specbench.verify.base import Acceptance, VerifyResult
 
 def load_trained_head(drafter: str, target: TargetModel, checkpoint: str | Path | None = None) -> DraftHead:
     """The head in `checkpoint`, or the one shipped for (drafter, target) in specbench/heads/."""
-    directory = Path(checkpoint) if checkpoint is not None else default_head_dir(drafter, target)
+    directory = Path(checkpoint) if checkpoint is not None else default_head_dir(drafter, target.name)
     if checkpoint is None and not directory.is_dir():
         raise HeadCheckpointError(
             f"no trained {drafter!r} head ships for target {target.name!r} (looked in {str(directory)!r}). Train one "
@@ -54,8 +54,16 @@ def head_logp(head: DraftHead, target: TargetModel, ctx_kv: list[tuple[Tensor, T
     return torch.log_softmax(head.logits(hidden, model.lm_head.weight).float(), dim=-1)
 
 
+def random_head(drafter: str, attention: str, clean_next: bool, target: TargetModel, seed: int = 0) -> DraftHead:
+    """An untrained head with the trainer's default shape (one layer, three taps, block 16)."""
+    cfg = HeadConfig(drafter=drafter, taps=default_taps(target.config.num_layers, 3), attention=attention,
+                     clean_next=clean_next)
+    return DraftHead(target.config, cfg).to(target.device).init_weights(target.model, seed=seed)
+
+
 class HeadDrafter(Drafter):
-    """Base of the DFlash-family drafters. Built as `Drafter(target, checkpoint=DIR | head=DraftHead)`.
+    """Base of the DFlash-family drafters. Built as `Drafter(target, checkpoint=DIR | head=DraftHead |
+    random_init=True [seed])`; without any, the head shipped for the target is loaded.
 
     attention: the within-block pattern this drafter runs (must match what the head was trained with).
     Every step after `begin` is tensor ops on the device with static shapes (the anchor is read from
@@ -63,12 +71,16 @@ class HeadDrafter(Drafter):
     GPU round captures the drafter's phases and `observe` in CUDA graphs.
     """
 
+    policies = "any"  # per-depth scores -> build (jetspec-tree also re-selects with select)
+    weights = Weights(train="specbench train --drafter {drafter} --data DATA_DIR --out DIR")
     attention: ClassVar[str] = ""
     needs_clean_next: ClassVar[bool] = False
 
     def __init__(self, target: TargetModel, checkpoint: str | None = None, head: DraftHead | None = None,
-                 block_size: int | None = None) -> None:
+                 block_size: int | None = None, random_init: bool = False, seed: int = 0) -> None:
         super().__init__(target)
+        if head is None and random_init:
+            head = random_head(self.name, self.attention, self.needs_clean_next, target, seed)
         if head is None:
             head = load_trained_head(self.name, target, checkpoint)
         cfg = head.config
@@ -96,9 +108,6 @@ class HeadDrafter(Drafter):
     def context_len(self) -> int:
         """Verified positions whose features the draft cache holds (a host read)."""
         return self.cache.host_lengths[0] if self.cache is not None else 0
-
-    def graph_state(self) -> list[Tensor]:
-        return [self.cache.lengths] if self.cache is not None else []
 
     def _features(self, hidden: dict[int, Tensor], rows: Tensor | slice) -> Tensor:
         """The tapped states at `rows`, concatenated in tap order: [1, k, m*d]."""

@@ -70,8 +70,10 @@ class JetSpecTreeDrafter(ParallelHeadDrafter):
     needs_clean_next = True
 
     def __init__(self, target: TargetModel, checkpoint: str | None = None, head: DraftHead | None = None,
-                 block_size: int | None = None, candidates: int | None = None, extend: int = 4) -> None:
-        super().__init__(target, checkpoint=checkpoint, head=head, block_size=block_size)
+                 block_size: int | None = None, candidates: int | None = None, extend: int = 4,
+                 random_init: bool = False, seed: int = 0) -> None:
+        super().__init__(target, checkpoint=checkpoint, head=head, block_size=block_size, random_init=random_init,
+                         seed=seed)
         if candidates is not None and candidates < 1:
             raise ValueError(f"candidates must be >= 1, got {candidates}")
         if extend < 0:
