@@ -8,6 +8,9 @@ surrogate sum is at most the optimum. The loop with a per-depth cap on the child
 
 Budget: JetSpec's counts the root; here it does not (docs/DESIGN.md, "Conventions"), so JetSpec's 255 is our 254.
 Ties: equal cumulative log-probs pop the lower node id first (JetSpec's insertion counter).
+
+Host policy: the heap runs on the host over a table read back from the device, so in the GPU round a
+parallel drafter under it drafts eagerly (its tree is then copied in; `capturable` is False).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ Rules for the caps (b_d caps the children at depth d+1, d = 0..D-1):
            chain, an undecided one fans out. Defaults beta=1, g0=1 (JetSpec's benchmark used beta=2);
            round() is Python's (half to even), as in JetSpec. K < 2: every cap is 1.
 Caps of K at every depth give exactly `accum-logp`.
+
+Host policy: the heap runs on the host over a table read back from the device, so in the GPU round a
+parallel drafter under it drafts eagerly (its tree is then copied in; `capturable` is False).
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ distribution (Medusa); with an autoregressive drafter (`grow`), ranks in the nod
 distribution (EAGLE-1); with a scored candidate tree (`select`, e.g. n-gram tries), ranks among a
 node's children by score. Nodes deeper than the drafter's depth or with a rank >= V are dropped (with
 their descendants); a template larger than the budget is cut to its `budget` best-scoring nodes.
+
+Host policy: templates are walked on the host over tables read back from the device, so in the GPU
+round a drafter under it drafts eagerly (its tree is then copied in; `capturable` is False).
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ def test_timed_policy_charges_growth_to_tree_and_expansion_to_draft() -> None:
     import time
 
     from specbench.engine import TimedPolicy
-    from specbench.stats import StageTimer
+    from specbench.stats import RoundClock
 
     class SlowGrowth(TreePolicy):
         name, can_grow = "slow-growth", True
@@ -227,17 +227,19 @@ def test_timed_policy_charges_growth_to_tree_and_expansion_to_draft() -> None:
         time.sleep(0.3)
         return torch.zeros(1, 4)
 
-    timer = StageTimer()
-    policy = TimedPolicy(SlowGrowth(), timer)
-    assert policy.can_grow and not TimedPolicy(TREE_POLICIES.build("ddtree"), timer).can_grow
-    with timer.stage("draft"):
-        policy.grow(3, expand, 1, 1)
-    times = timer.pop()
-    assert 0.05 <= times["tree"] < 0.3 and times["draft"] >= 0.35
-
+    clock = RoundClock(cuda=False)
+    policy = TimedPolicy(SlowGrowth(), clock)
+    assert policy.can_grow and not TimedPolicy(TREE_POLICIES.build("ddtree"), clock).can_grow
+    clock.begin_request()
+    clock.start_round()
+    clock.switch("draft")
+    policy.grow(3, expand, 1, 1)
+    clock.close()
+    times = clock.times(0)
+    assert 0.05 <= times["tree"] < 0.3 and times["draft"] >= 0.3
 
 
 def test_a_drafter_is_refused_a_policy_it_does_not_declare(tiny) -> None:
     """`self` declares policies = "growing": the engine names the policies that can grow."""
-    with pytest.raises(ConfigError, match=r"works with tree policies \['chain', 'eagle2', 'static'\], not 'ddtree'"):
+    with pytest.raises(ConfigError, match=r"cannot draft with tree='ddtree'; the policies it can: chain, eagle2, static"):
         SpecDecoder(tiny, SpecConfig(drafter="self", tree="ddtree"), max_seq_len=64)

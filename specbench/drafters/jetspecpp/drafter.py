@@ -46,9 +46,9 @@ from specbench.config import SamplingConfig
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import DraftState
 from specbench.drafters.heads.backbone import DraftHead
-from specbench.drafters.heads.drafter import HeadDrafter
+from specbench.drafters.heads.drafter import HeadDrafter, random_head
 from specbench.drafters.heads.masks import block_pattern
-from specbench.drafters.jetspecpp.adapter import ContextCache, StateAdapter
+from specbench.drafters.jetspecpp.adapter import AdapterConfig, ContextCache, StateAdapter
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
 from specbench.drafters.jetspecpp.model import NAME, load_jetspecpp
 from specbench.drafters.jetspecpp.outcomes import outcome_distribution
@@ -72,7 +72,13 @@ class JetSpecPPDrafter(HeadDrafter):
 
     def __init__(self, target: TargetModel, checkpoint: str | None = None, head: DraftHead | None = None,
                  adapter: StateAdapter | None = None, block_size: int | None = None, J: int = 1, R: int = 1,
-                 replace: bool = True, states: str = "predicted") -> None:
+                 replace: bool = True, states: str = "predicted", random_init: bool = False, seed: int = 0) -> None:
+        if head is None and random_init:  # an untrained head and adapter of the trainer's default shape
+            head = random_head(NAME, self.attention, False, target, seed)
+            cfg = head.config
+            adapter = StateAdapter(target.config, AdapterConfig(taps=cfg.taps, layers=(1,) * len(cfg.taps),
+                                                                block_size=cfg.block_size)).to(target.device)
+            adapter.init_weights(target.model, seed=seed)
         if head is None:
             head, loaded = load_jetspecpp(target, checkpoint)
             adapter = adapter if adapter is not None else loaded

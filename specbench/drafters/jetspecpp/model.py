@@ -41,7 +41,7 @@ class JetSpecPPModel(nn.Module):
 def load_jetspecpp(target: TargetModel, checkpoint: str | Path | None = None) -> tuple[DraftHead, StateAdapter | None]:
     """(draft head, adapter or None) from a jetspec++ or jetspec checkpoint directory (default: the
     jetspec++ head shipped for this target)."""
-    directory = Path(checkpoint) if checkpoint is not None else default_head_dir(NAME, target)
+    directory = Path(checkpoint) if checkpoint is not None else default_head_dir(NAME, target.name)
     if checkpoint is None and not directory.is_dir():
         raise HeadCheckpointError(
             f"no trained {NAME!r} head ships for target {target.name!r} (looked in {str(directory)!r}). Train one with "
