@@ -511,8 +511,7 @@ def generate_batch(target: TargetModel, prompts: Sequence[Sequence[int]], max_ne
         if step == max_new_tokens - 1 or bool(done.all()):
             break
         out = model(nxt[:, None], cache.lengths[:, None], cache, None, logits_rows=None, kv_len=kv_len + 1)
-        cache.lengths += 1
-        cache.host_lengths = [n + 1 for n in cache.host_lengths]
+        cache.advance_all(1)
         kv_len += 1
         logits = out.logits[:, 0]
     table = torch.stack(steps, dim=1).tolist()  # [B, steps]

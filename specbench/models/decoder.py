@@ -68,6 +68,12 @@ class KVCache:
         self.lengths[row] += count
         self.host_lengths[row] += count
 
+    def advance_all(self, count: int) -> None:
+        """Every row keeps its `count` appended tokens (batched decoding: one token per row per step)."""
+        self.lengths += count
+        if self._host is not None:
+            self._host = [n + count for n in self._host]
+
     def advance_device(self, count: Tensor, row: int = 0) -> None:
         """`advance` by count [1], a device tensor (no host read; host_lengths is read back on demand)."""
         self.lengths[row] += count[0]
