@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,11 @@ def prompts(target, data: str | None, datasets: list[str], n: int) -> list[tuple
     for i in range(max(len(v) for v in per.values())):  # round-robin: a partial run covers every dataset
         out += [v[i] for v in per.values() if i < len(v)]
     return out
+
+
+def stem(dataset: str, item_id: str) -> str:
+    """A file name for one prompt's records (item ids may hold '/', e.g. MATH-500's)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{dataset}-{item_id}")
 
 
 def record(args: argparse.Namespace, out: Path) -> None:
@@ -58,7 +64,7 @@ def record(args: argparse.Namespace, out: Path) -> None:
     folder = out / "records"
     folder.mkdir(parents=True, exist_ok=True)
     todo = [p for p in prompts(target, args.data, args.datasets.split(","), args.n)
-            if not (folder / f"{p[0]}-{p[1]}.pt").is_file()]
+            if not (folder / f"{stem(p[0], p[1])}.pt").is_file()]
     print(f"foresight_hits: {len(todo)} prompts to record in {folder}", file=sys.stderr)
     start = time.monotonic()
     for k, (ds, pid, ids) in enumerate(todo):
@@ -74,9 +80,9 @@ def record(args: argparse.Namespace, out: Path) -> None:
             tau = replay(drafter, ref, policy, budget, args.max_new_tokens).tau
         recs = [r.to_dict() for r in drafter.foresight.records]
         meta = {"dataset": ds, "id": pid, "tau": tau, "rounds": len(recs), "time_s": round(time.monotonic() - t0, 1)}
-        tmp = folder / f".{ds}-{pid}.pt.tmp"
+        tmp = folder / f".{stem(ds, pid)}.pt.tmp"
         torch.save({"meta": meta, "records": recs}, tmp)
-        os.replace(tmp, folder / f"{ds}-{pid}.pt")
+        os.replace(tmp, folder / f"{stem(ds, pid)}.pt")
         print(f"foresight_hits: {k + 1}/{len(todo)} {ds}/{pid} tau {tau:.2f} rounds {len(recs)} "
               f"({meta['time_s']}s)", file=sys.stderr, flush=True)
 

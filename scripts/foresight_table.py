@@ -9,7 +9,7 @@ Per prompt and configuration one JSONL row (appended; rerun to resume): decode t
 AR on the same prompt, tau, hit rate (rounds whose tree came from the speculation cache, among rounds
 with a foresight pass before them), tau on hit and on miss rounds, and per round: round time (decode
 wall time / rounds), verify time (the verify forward's CUDA-event time) and exposed time = round -
-verify, plus every stage's mean. Each configuration is warmed up once (CUDA graphs are captured
+verify, plus every stage's mean (stage_NAME_ms; stage_foresight_ms is the host time launching the pass). Each configuration is warmed up once (CUDA graphs are captured
 there). `--draft-device cuda:1` puts jetspec++'s draft model on a second GPU (issue 17); `--head` may
 be a plain jetspec head with `--states stale|true` when no jetspec++ head exists.
 """
@@ -56,11 +56,11 @@ def measure(decoder, ids: list[int], new: int) -> dict:  # type: ignore[no-untyp
         for k, v in r.times.items():
             stages[k] = stages.get(k, 0.0) + v
     round_ms = 1e3 * st.decode_time / n if n else 0.0
-    verify_ms = 1e3 * stages.get("verify_forward", 0.0) / n if n else 0.0
+    verify_ms = 1e3 * stages.get("verify_forward", 0.0) / n if n else 0.0  # the target's verify pass
     row = {"tok_s": st.decode_tokens_per_s, "tau": st.tau, "rounds": n, "new_tokens": st.new_tokens,
            "round_ms": round_ms, "verify_ms": verify_ms, "exposed_ms": round_ms - verify_ms,
            "exposed_frac": (round_ms - verify_ms) / round_ms if round_ms else 0.0,
-           **{f"{k}_ms": 1e3 * v / n for k, v in stages.items()}, "output": res.tokens}
+           **{f"stage_{k}_ms": 1e3 * v / n for k, v in stages.items()}, "output": res.tokens}
     if fs is not None and fs.mode == "on":
         flags = [e["hit"] for e in fs.log]
         assert len(flags) == n, f"{len(flags)} drafted rounds logged for {n} rounds"
@@ -151,7 +151,7 @@ def print_table(rows: list[dict]) -> None:
         return
     df = pd.DataFrame(rows)
     cols = [c for c in ("tok_s", "speedup", "tau", "hit_rate", "tau_hit", "tau_miss", "round_ms", "verify_ms",
-                        "exposed_ms", "exposed_frac", "draft_ms", "tree_ms", "foresight_ms") if c in df]
+                        "exposed_ms", "exposed_frac", "stage_draft_ms", "stage_tree_ms", "stage_foresight_ms") if c in df]
     pd.set_option("display.width", 240)
     table = df.groupby(["dataset", "config"], sort=False)[cols].mean(numeric_only=True)
     print(table.round(3).to_string())

@@ -16,8 +16,8 @@ Sequential (the CPU, or `pipeline=sequential`): launch runs the pass inline, for
 the results are the same.
 
 The draft device (`draft_device`, e.g. cuda:1): the drafter keeps its head, adapter, caches and a
-copy of the target's weights it reads (`target_copy`: embedding, LM head, RoPE, the decoder slice's
-layers, and for the `true` state oracle the whole model) on that device. What crosses devices is
+copy of the target's weights (`target_copy`, the whole model: the drafter reads its embedding, LM
+head, RoPE and the decoder slice's layers, the `true` state oracle every layer) on that device. What crosses devices is
 explicit: the committed positions' tapped states (target -> draft, `to_draft`) and the drafted tree,
 which the engine copies into its own buffers on the target's device.
 """
