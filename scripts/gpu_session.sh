@@ -12,6 +12,7 @@
 #   scripts/gpu_session.sh sweep                  decode tok/s of the head table (experiments/head_table.py)
 #   scripts/gpu_session.sh round1                 GPU tests of the graphed round + decode step vs bandwidth bound
 #   scripts/gpu_session.sh round2                 per-stage round table of every drafter + AR vs transformers
+#   scripts/gpu_session.sh foresight              jetspec++ foresight GPU tests + Table 3 (FS_HEAD, FS_STATES, FS_CAL, FS_N)
 # Heads come from specbench/heads/ (the shipped int8 heads) unless `train` ran in this session.
 # Model parts come from ../shared/gpu/stage-model.sh; the heads trained by `train` stay in /root/heads
 # for the later steps. Each eval step writes under /root/results/<step>/ and returns one tarball in $OUT
@@ -154,6 +155,20 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
       --max-new-tokens 96 --top 14 --configs eagle3/eagle2/64 --kernels > $R/profile_eagle3.txt 2>&1
     grep -E "^== |Self CUDA time total" $R/profile_eagle3.txt
     tar -czf "$OUT/round2.tgz" -C /root/results round2
+    since done ;;
+  foresight)  # issue 16: jetspec++ foresight on CUDA (second stream == inline == AR), then Table 3's columns
+    R=/root/results/foresight; mkdir -p $R
+    HEAD=${FS_HEAD:-/root/heads/jetspec++/int8}; STATES=${FS_STATES:-predicted}
+    if [ ! -d "$HEAD" ]; then HEAD=specbench/heads/jetspec-smollm2-135m; STATES=${FS_STATES:-true}
+      echo "no jetspec++ head at \$FS_HEAD: the plain jetspec head with states=$STATES"; fi
+    since "GPU tests: foresight on a second stream == sequential == AR (fp32)"
+    timeout "${TEST_SECONDS:-240}" python3 -m pytest -m gpu tests/gpu/test_foresight_cuda.py -q -p no:cacheprovider \
+      > $R/gpu_tests.txt 2>&1; tail -15 $R/gpu_tests.txt
+    since "Table 3: AR, dflash, jetspec, jetspec++ critical path and pipelined (bf16, graphed verify)"
+    timeout "${TABLE_SECONDS:-300}" python3 scripts/foresight_table.py --data /root/data --device cuda --dtype bfloat16 \
+      --head "$HEAD" --states "$STATES" ${FS_CAL:+--calibration "$FS_CAL"} --n "${FS_N:-5}" --max-new-tokens 256 \
+      --out $R/table.jsonl ${FS_ARGS:-} 2>&1 | grep -v "^foresight_table:" | tee $R/table.txt
+    tar -czf "$OUT/foresight.tgz" -C /root/results foresight
     since done ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -5,6 +5,8 @@ One round (docs/DESIGN.md), as stages, each a function of the previous one's out
     verify_forward:  out = target.forward(tree.tokens, cache_len + tree.depth, cache, tree.ancestor_mask, taps)
     verify:          acc = verifier.accept(tree, out.logits)   the decision as device tensors
     commit:          cache.commit_packed(acc.path, acc.count); drafter.observe(tree, acc, out); anchor = bonus
+    foresight:       drafter.foresee(state, tree) when the drafter foresees (JetSpec++): its work for the
+                     next round, enqueued after the verify forward so it can run beside it
 then one host read of (acc, the tree's tokens, a finiteness flag). With a verifier that draws through
 the host's `Randomness` (T > 0) the verify and commit stages run on the host instead.
 
@@ -377,6 +379,7 @@ class SpecDecoder:
                     x = step(x)
             readout, tree, out = x
             self._warmed = True
+        self._foresee(state, tree)
         clock.close()
         size = tree.meta["host"].budget if "host" in tree.meta else tree.budget
         launched = _Launched(tree=tree, size=size, readout=readout, out=out)
@@ -409,6 +412,7 @@ class SpecDecoder:
             out = self._graphed_forward(tree.tokens[None], (self.cache.lengths + tree.depth)[None], tree.ancestor_mask[None])
         else:
             tree, out = self._verify_forward(tree, state)
+        self._foresee(state, tree)
         clock.switch("verify")
         self._raise_if_nonfinite(self.check_finite and not bool(torch.isfinite(out.logits).all()), f"round {len(clock.rounds)}")
         res = self.verifier.verify(tree, out.logits[0], sampling, rng)
@@ -419,6 +423,14 @@ class SpecDecoder:
         self.anchor.fill_(res.tokens[-1])
         clock.close()
         return _Launched(tree=tree, size=tree.budget, result=res)
+
+    def _foresee(self, state: DraftState, tree: DraftTree) -> None:
+        """A foreseeing drafter's work for the next round, started once this round's verify forward is
+        enqueued (so on CUDA it runs beside it), charged to the "foresight" stage (the host time it
+        takes to launch; on the CPU it runs there and then)."""
+        if self.drafter is not None and self.drafter.foresees:
+            self.clock.switch("foresight")
+            self.drafter.foresee(state, tree.meta.get("host", tree))
 
     def _read(self, launched: _Launched, round_no: int) -> VerifyResult:
         """The round's one host read (waits for its readout)."""

@@ -17,9 +17,9 @@ Proposals:
   the shallow model's teacher-forced argmax, up to and including the first token that differs from
   the reference; the walk never reads past that token. So one teacher-forced shallow pass over the
   sequence gives every round's chain (only its prefix up to the first rejected token is built).
-* Any other drafter (ngram, self under a growing policy, eagle3, ...): its own begin/draft/observe,
-  where `observe` gets the teacher-forced tapped states at the accepted nodes (the rows it is
-  entitled to read; others NaN).
+* Any other drafter (ngram, self under a growing policy, eagle3, jetspec++, ...): its own
+  begin/draft/(foresee)/observe, where `observe` gets the teacher-forced tapped states at the
+  accepted nodes (the rows it is entitled to read; others NaN).
 
 Numerics: the reference is what AR greedy decoding emits. Where the teacher-forced pass's argmax
 differs from the generated token (near-ties between two logits), the real decode loop could follow
@@ -251,7 +251,10 @@ class _GenericProposer:
 
     def __call__(self, n: int) -> DraftTree:
         assert self.state.cache_len == n
-        return self.drafter.draft(self.state, self.policy, self.budget)
+        tree = self.drafter.draft(self.state, self.policy, self.budget)
+        if self.drafter.foresees:  # as the engine: after drafting, before the result is known
+            self.drafter.foresee(self.state, tree)
+        return tree
 
     def observe(self, tree: DraftTree, path: list[int], new_n: int) -> None:
         seq = self.ref.sequence

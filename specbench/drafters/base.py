@@ -184,6 +184,17 @@ class Drafter(ABC):
         temperature 0: static shapes, no host read, state in buffers allocated once (`begin`)."""
         return False
 
+    @property
+    def foresees(self) -> bool:
+        """Whether the engine should call `foresee` every round."""
+        return False
+
+    def foresee(self, state: DraftState, tree: DraftTree) -> None:
+        """Work for the next round that runs beside this round's verification (JetSpec++'s foresight):
+        called once per round, after the verify forward of `tree` (the drafter's own tree) has been
+        enqueued and before its result is read. It may only enqueue work (on a stream of its own) and
+        must not read anything verification decides; `observe` follows as usual."""
+
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """After verification: the accepted node ids (root first) of `tree` — a host `VerifyResult`, or
         for a capturable drafter in the GPU round an `Acceptance` (device tensors, not yet read);

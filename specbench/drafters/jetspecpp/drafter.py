@@ -32,9 +32,19 @@ passes (fixed before any final draw) the depth-d token is independent of the oth
 law given the drafted prefix is exactly the recorded row, which is what chain rejection sampling
 needs. That needs the `chain` policy.
 
+Foresight (part 2, `speculation.py`): with `foresight=on` the drafter drafts the next block for the B
+most likely verification outcomes while the block is verified (the engine's `foresee` hook, a second
+CUDA stream), keeps them in a speculation cache and, when the verified outcome is among them, takes
+that block as the next tree without drafting on the critical path.
+
 drafter_args: checkpoint (a jetspec++ directory, or a plain jetspec head: refinement without an
 adapter, JetSpec++ Table 12), block_size, J (refinement passes, default 1), R (context refreshes,
-0..J, default 1), replace (anchor replacement, default true), states (predicted | stale | true).
+0..J, default 1), replace (anchor replacement, default true), states (predicted | stale | true);
+foresight (off | on | score: select and record but draft nothing ahead), B (outcomes drafted ahead,
+default 16), select (top | threshold | ssd), scores (decoder | draft: whose rows rank outcomes), lam
+(the threshold rule's λ), calibration (a per-depth temperature file from scripts/foresight_hits.py;
+none = uncalibrated), fanout_ratio (ssd), draft_device (default: the target's), pipeline (auto |
+sequential | concurrent), record (keep a `RoundRecord` per round for the offline evaluator).
 """
 
 from __future__ import annotations
@@ -49,13 +59,17 @@ from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.drafter import HeadDrafter, random_head
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.adapter import AdapterConfig, ContextCache, StateAdapter
+from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
 from specbench.drafters.jetspecpp.model import NAME, load_jetspecpp
 from specbench.drafters.jetspecpp.outcomes import outcome_distribution
+from specbench.drafters.jetspecpp.pipeline import Pipeline, resolve_device, target_copy
+from specbench.drafters.jetspecpp.selection import RULES
+from specbench.drafters.jetspecpp.speculation import MODES, SCORES, Foresight
 from specbench.models.decoder import ForwardOutput, KVCache
 from specbench.models.target import TargetModel
 from specbench.trees.base import DepthScores, DraftTree, TreePolicy
-from specbench.verify.base import VerifyResult
+from specbench.verify.base import Acceptance, VerifyResult
 from specbench.verify.sampling import process_logits
 
 STATES = ("predicted", "stale", "true")
@@ -72,7 +86,11 @@ class JetSpecPPDrafter(HeadDrafter):
 
     def __init__(self, target: TargetModel, checkpoint: str | None = None, head: DraftHead | None = None,
                  adapter: StateAdapter | None = None, block_size: int | None = None, J: int = 1, R: int = 1,
-                 replace: bool = True, states: str = "predicted", random_init: bool = False, seed: int = 0) -> None:
+                 replace: bool = True, states: str = "predicted", foresight: str | bool = "off", B: int = 16,
+                 select: str = "top", scores: str = "decoder", lam: float | None = None,
+                 calibration: str | RowTemperature | None = None, fanout_ratio: float = 0.5,
+                 draft_device: str | None = None, pipeline: str = "auto", record: bool = False,
+                 random_init: bool = False, seed: int = 0) -> None:
         if head is None and random_init:  # an untrained head and adapter of the trainer's default shape
             head = random_head(NAME, self.attention, False, target, seed)
             cfg = head.config
@@ -83,7 +101,10 @@ class JetSpecPPDrafter(HeadDrafter):
             head, loaded = load_jetspecpp(target, checkpoint)
             adapter = adapter if adapter is not None else loaded
         self.attention = head.config.attention
-        super().__init__(target, head=head, block_size=block_size)
+        self.draft_device = resolve_device(draft_device, target.device)
+        # everything the drafter reads lives on the draft device (a copy of the target's weights there)
+        draft_target = target if self.draft_device == target.device else target_copy(target, self.draft_device)
+        super().__init__(draft_target, head=head, block_size=block_size)
         if not isinstance(J, int) or isinstance(J, bool) or J < 0:
             raise ValueError(f"J (Jacobi refinement passes after J0) must be an integer >= 0, got {J!r}")
         if not isinstance(R, int) or isinstance(R, bool) or not 0 <= R <= J:
@@ -96,7 +117,7 @@ class JetSpecPPDrafter(HeadDrafter):
             if tuple(adapter.config.taps) != tuple(self.taps):
                 raise ValueError(f"the adapter predicts taps {list(adapter.config.taps)} but the head reads {list(self.taps)}: "
                                  f"use the adapter trained with this head")
-            adapter = adapter.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+            adapter = adapter.to(device=self.target.device, dtype=self.target.dtype).eval().requires_grad_(False)
         if R > 0 and states == "predicted" and adapter is None:
             raise ValueError("R > 0 (context refresh) with states=predicted needs a state adapter and this head has none "
                              "(a plain jetspec head?): pass R=0, states=true|stale, or a jetspec++ checkpoint")
@@ -109,6 +130,44 @@ class JetSpecPPDrafter(HeadDrafter):
         self.state_pending: list[Tensor] = []  # [1, k, m*d] tapped states of committed positions, not yet synced
         self.last_verified: Tensor | None = None  # [1, 1, m*d] the newest committed position's tapped states
         self.last_round: dict[str, list[Tensor]] = {}  # this round's refresh records (k_hat per refresh)
+        self.last_logp: Tensor | None = None  # [D, V] the last drafted block's per-depth log-probs
+        self.pipeline = Pipeline(self.draft_device, pipeline)
+        self.foresight = self._foresight(foresight, B, select, scores, lam, calibration, fanout_ratio, record)
+
+    def _foresight(self, mode: str | bool, B: int, select: str, scores: str, lam: float | None,
+                   calibration: str | RowTemperature | None, ratio: float, record: bool) -> Foresight | None:
+        """The foresight state (None when off), the arguments checked."""
+        if isinstance(mode, bool):
+            mode = "on" if mode else "off"
+        if mode not in MODES:
+            raise ValueError(f"foresight must be one of {MODES} (or true/false), got {mode!r}")
+        if mode == "off":
+            return None
+        if not self.tracks_states:
+            raise ValueError("foresight drafts from predicted states and this head has no state adapter (a plain jetspec "
+                             "head?): pass states=stale|true, a jetspec++ checkpoint, or foresight=off")
+        if not isinstance(B, int) or isinstance(B, bool) or B < 1:
+            raise ValueError(f"B (outcomes drafted ahead per round) must be an integer >= 1, got {B!r}")
+        if select not in RULES:
+            raise ValueError(f"select must be one of {RULES}, got {select!r}")
+        if scores not in SCORES:
+            raise ValueError(f"scores must be one of {SCORES} (whose rows rank the outcomes), got {scores!r}")
+        if (select == "threshold") != (lam is not None):
+            raise ValueError("lam (the threshold λ) goes with select=threshold and only with it: "
+                             f"got select={select!r}, lam={lam!r}")
+        if lam is not None and not (isinstance(lam, (int, float)) and 0 < lam <= 1):
+            raise ValueError(f"lam must be a probability in (0, 1], got {lam!r}")
+        if not isinstance(ratio, (int, float)) or ratio <= 0:
+            raise ValueError(f"fanout_ratio must be > 0, got {ratio!r}")
+        if isinstance(calibration, str) and calibration.lower() != "none":
+            calibration = RowTemperature.load(calibration)
+        elif isinstance(calibration, str):
+            calibration = None
+        return Foresight(self, mode, B, select, scores, lam, calibration, float(ratio), bool(record))
+
+    @property
+    def foresees(self) -> bool:
+        return self.foresight is not None
 
     @property
     def tracks_states(self) -> bool:
@@ -117,6 +176,9 @@ class JetSpecPPDrafter(HeadDrafter):
 
     # ---- request state ---------------------------------------------------------------------------
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
+        if self.foresight is not None:
+            self.foresight.reset()
+        prefill = ForwardOutput(logits=prefill.logits, hidden={t: self.pipeline.to_draft(prefill.hidden[t]) for t in self.taps})
         super().begin(state, prefill, max_seq_len)
         if not self.tracks_states:
             return
@@ -135,10 +197,21 @@ class JetSpecPPDrafter(HeadDrafter):
         self.state_pending = [self._features(prefill.hidden, slice(None))]
         self.last_verified = None
 
-    def observe(self, tree: DraftTree, result: VerifyResult, target_out: ForwardOutput) -> None:
-        super().observe(tree, result, target_out)
+    def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
+        """The accepted positions' true tapped states (one copy to the draft device) enter the draft
+        cache and, queued, the adapter's, decoder's and oracle's caches, in place of anything predicted
+        for them; with foresight, after the pass beside this verification is joined, the verified
+        outcome is looked up in the speculation cache."""
+        if not isinstance(result, VerifyResult):
+            raise TypeError(f"{self.name} is a host drafter: observe() takes the read VerifyResult")
+        self.pipeline.join()
+        path = list(result.path)
+        feats = self.pipeline.to_draft(self._features(target_out.hidden, path))  # [1, k+1, m*d]
+        self.write_context(feats, torch.full((1,), len(path), dtype=torch.long, device=feats.device))
         if self.tracks_states:
-            self.state_pending.append(self._features(target_out.hidden, list(result.path)))
+            self.state_pending.append(feats)
+        if self.foresight is not None:
+            self.foresight.settle(tree, result)
 
     def _tap_slice(self, features: Tensor, tap: int) -> Tensor:
         """The states of one tap from features concatenated in tap order [..., m*d] -> [..., d]."""
@@ -236,10 +309,27 @@ class JetSpecPPDrafter(HeadDrafter):
         return logp
 
     def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
-        logp = self.refined_logp(state)
+        """The block drafted ahead for the verified outcome (a foresight hit), else the refined draft
+        from the committed (true) states; then the tree under `policy` (or a sampled chain)."""
+        entry = self.foresight.take(state) if self.foresight is not None else None
+        if entry is not None:
+            logp = entry.block
+            self.last_round = {"k_hat": entry.meta["k_hat"]}
+        else:
+            logp = self.refined_logp(state)
+        self.last_logp = logp
         if state.want_draft_probs:
-            return self.sample_chain(state, policy, logp[:budget])
-        return policy.build(DepthScores(state.anchor, logp), budget)
+            tree = self.sample_chain(state, policy, logp[:budget])
+        else:
+            tree = policy.build(DepthScores(state.anchor, logp), budget)
+        if self.foresight is not None:
+            self.pipeline.fork()  # the tree and the states the next pass reads are enqueued before this point
+        return tree
+
+    def foresee(self, state: DraftState, tree: DraftTree) -> None:
+        """The engine has enqueued the verify forward of `tree`: start the foresight pass beside it."""
+        assert self.foresight is not None and self.last_logp is not None
+        self.foresight.launch(state, tree, self.last_logp)
 
     def sample_chain(self, state: DraftState, policy: TreePolicy, logp: Tensor) -> DraftTree:
         """One token per depth from the last pass's processed law, recorded as the draft law."""

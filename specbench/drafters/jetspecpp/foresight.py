@@ -1,0 +1,167 @@
+"""Foresight drafting (methods.md §5.2): the next block for each of B selected verification outcomes of
+the block under verification, in one batched pass of the draft model per step (J0, each refresh, each
+Jacobi pass).
+
+Outcome b = (node u_b, bonus a_b) commits the tree's root and the path to u_b, so its next block
+reads the verified context (positions < n) followed by those nodes' *predicted* tapped states (the
+adapter's, or the stale / true ablations) at positions n + depth, and starts with anchor a_b at
+position n + depth(u_b) + 1. The predicted states of every tree node are computed once per round
+(they depend only on the block's tokens), so the B outcomes share one key/value set
+[committed n ; tree nodes N] and differ only in which tree nodes they may see (u_b's ancestors,
+a row of the tree's ancestor mask) and in their own block:
+
+    mask[b] = [ ones(n) | ancestors(u_b) | block pattern ]            # [b_rows, n + N + b_rows]
+
+The draft head reads the committed context K/V from its cache and the tree nodes' from their
+predicted features; the refresh's adapter and decoder (and the `true` oracle) read their committed
+K/V from their own caches and the tree nodes' from the slots the round's P̂ read (or oracle pass)
+just wrote there (`SliceDecoder.read` leaves the block's K/V in the slots after the committed ones).
+On true states this is exactly the critical-path draft after that outcome (tested), and on predicted
+states it is the critical-path draft with the predicted states in place of the true ones.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from torch import Tensor
+
+from specbench.drafters.base import DraftState
+from specbench.drafters.heads.masks import block_pattern
+from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, masked_sdpa
+from specbench.trees.base import DraftTree
+
+if TYPE_CHECKING:
+    from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
+
+
+def outcome_mask(n: int, ancestors: Tensor, within: Tensor) -> Tensor:
+    """[B, Q, n + N + Q]: each outcome's block rows see the committed context, their tree node's
+    ancestors (ancestors [B, N]) and the block under `within` [Q, Q]."""
+    b, q = ancestors.shape[0], within.shape[0]
+    committed = torch.ones(b, q, n, dtype=torch.bool, device=ancestors.device)
+    return torch.cat([committed, ancestors[:, None, :].expand(b, q, -1), within[None].expand(b, q, q)], dim=2)
+
+
+def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x: Tensor, positions: Tensor,
+                  mask: Tensor, model) -> Tensor:  # type: ignore[no-untyped-def]
+    """B blocks x [B, Q, d] at positions [B, Q] through decoder layers whose keys are the first `shared`
+    slots of a batch-1 cache (layer i = cache layer i, the same for every block) followed by each
+    block's own K/V, under mask [B, Q, shared + Q]. Returns the last layer's output [B, Q, d]."""
+    b, q = x.shape[:2]
+    cos, sin = model.rope(positions)
+    heads, dim = cache.k.shape[2], cache.k.shape[4]
+    slots = torch.arange(q, device=x.device)[None].expand(b, q)
+    meta = AttentionMeta(lengths=torch.zeros(b, dtype=torch.long, device=x.device), tree_mask=mask[:, :, shared:], kv_len=q)
+    attn_mask = mask[:, None]  # [B, 1, Q, shared + Q]
+    x = x.to(model.embed.weight.dtype)
+    for i, layer in enumerate(layers):
+        k_new = torch.empty(b, heads, q, dim, dtype=cache.k.dtype, device=x.device)
+        v_new = torch.empty_like(k_new)
+        k_old, v_old = cache.k[i, :, :, :shared], cache.v[i, :, :, :shared]  # [1, Hkv, shared, D]
+
+        def attend(qh: Tensor, k: Tensor, v: Tensor, _meta: AttentionMeta, scale: float,
+                   k_old: Tensor = k_old, v_old: Tensor = v_old) -> Tensor:
+            keys = torch.cat([k_old.expand(b, -1, -1, -1), k], dim=2)
+            values = torch.cat([v_old.expand(b, -1, -1, -1), v], dim=2)
+            return masked_sdpa(qh, keys, values, attn_mask, scale)
+
+        x = layer(x, cos, sin, k_new, v_new, slots, meta, attend)
+    return x
+
+
+class OutcomeBatch:
+    """The shared pieces of one round's foresight pass: outcomes (nodes [B], bonus [B]) of `tree`,
+    whose nodes' predicted tapped states are `states` (tap -> [1, N, d])."""
+
+    def __init__(self, drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree, states: dict[int, Tensor],
+                 nodes: Tensor, bonus: Tensor) -> None:
+        self.drafter, self.state, self.tree, self.states = drafter, state, tree, states
+        self.nodes, self.bonus = nodes, bonus
+        dev = nodes.device
+        self.n, self.size = state.cache_len, tree.num_nodes
+        b = drafter.block_size
+        self.offsets = torch.arange(b, device=dev)
+        self.positions = (self.n + tree.depth[nodes] + 1)[:, None] + self.offsets  # [B, b]
+        self.ancestors = tree.ancestor_mask[nodes]  # [B, N]
+        self.node_positions = (self.n + tree.depth)[None]  # [1, N]
+        self.head_mask = outcome_mask(self.n, self.ancestors, block_pattern(b, drafter.attention, dev))
+        self.causal_mask = outcome_mask(self.n, self.ancestors, block_pattern(b, "block-causal", dev))
+        model, head = drafter.target.model, drafter.head
+        feats = torch.cat([states[t] for t in drafter.taps], dim=-1)  # [1, N, m*d]
+        cache = drafter.cache
+        assert cache is not None
+        ext = head.context_kv(feats, self.node_positions, model)
+        count = self.positions.shape[0]
+        self.head_kv = [(torch.cat([cache.k[i, :, :, : self.n], k], dim=2).expand(count, -1, -1, -1),
+                         torch.cat([cache.v[i, :, :, : self.n], v], dim=2).expand(count, -1, -1, -1))
+                        for i, (k, v) in enumerate(ext)]
+
+    def head_logp(self, tokens: Tensor, is_mask: Tensor) -> Tensor:
+        """One batched head pass: tokens, is_mask [B, b] -> log-probs [B, b, V] (fp32)."""
+        d = self.drafter
+        model = d.target.model
+        x = d.head.embed_block(tokens, is_mask, model)
+        hidden = d.head(x, self.positions, self.head_kv, self.head_mask, model)
+        return torch.log_softmax(d.head.logits(hidden, model.lm_head.weight).float(), dim=-1)
+
+    def top_states(self, tokens: Tensor) -> Tensor:
+        """The top tap's states [B, b, d] of each outcome's block `tokens` [B, b], from the drafter's
+        state source, over that outcome's context."""
+        d = self.drafter
+        model, top = d.target.model, d.top
+        count = tokens.shape[0]
+        if d.states == "stale":
+            assert d.last_verified is not None
+            return d._tap_slice(d.last_verified, top).expand(count, tokens.shape[1], -1)
+        if d.states == "true":
+            assert d.oracle is not None
+            x = model.embed(tokens)
+            return shared_layers(model.layers[: top + 1], d.oracle, self.n + self.size, x, self.positions,
+                                 self.causal_mask, model)
+        tap = d.adapter.tap(top)  # type: ignore[union-attr]
+        ext = tap.context_kv(self.states[top], self.node_positions, model)
+        committed = d.adapter_caches[top].kv()
+        kv = [(torch.cat([ck, k], dim=2).expand(count, -1, -1, -1), torch.cat([cv, v], dim=2).expand(count, -1, -1, -1))
+              for (ck, cv), (k, v) in zip(committed, ext)]
+        return tap(tokens, self.positions, kv, self.causal_mask, model)
+
+    def decoder_logits(self, h_top: Tensor) -> Tensor:
+        """p̂ logits [B, b, V] (fp32) of the blocks' top-tap states [B, b, d]: the decoder slice over
+        the committed positions and each outcome's tree path (K/V left by the round's P̂ read)."""
+        d = self.drafter
+        dec, model = d.decoder, d.target.model
+        assert dec is not None
+        x = shared_layers(dec.layers, dec.cache, self.n + self.size, h_top, self.positions, self.causal_mask, model) \
+            if dec.layers else h_top.to(model.embed.weight.dtype)
+        return model.lm_head(model.norm(x)).float()
+
+    def refresh(self, drafts: Tensor) -> tuple[Tensor, Tensor]:
+        """`JetSpecPPDrafter.refresh` for every outcome: drafts [B, D] -> (drafts with the decoder's
+        token at depth k̂+1 when `replace`, k̂ [B])."""
+        d = self.drafter
+        tokens = torch.cat([self.bonus[:, None], drafts], dim=1)  # [B, b]
+        top1 = self.decoder_logits(self.top_states(tokens)).max(dim=-1).indices[:, :-1]  # [B, D]
+        k_hat = (top1 == drafts).long().cumprod(dim=1).sum(dim=1)  # [B]
+        if d.replace:
+            drafts = torch.where(self.offsets[None, :-1] == k_hat[:, None], top1, drafts)
+        return drafts, k_hat
+
+    def refined_logp(self) -> tuple[Tensor, list[Tensor]]:
+        """J0, then for j = 1..J (refresh j <= R first) a Jacobi pass, as `JetSpecPPDrafter.refined_logp`
+        does for one block: the last pass's per-depth log-probs [B, D, V] and k̂ [B] per refresh."""
+        d = self.drafter
+        count, b = self.bonus.shape[0], d.block_size
+        tokens = self.bonus[:, None].expand(count, b)
+        logp = self.head_logp(tokens, (self.offsets > 0)[None].expand(count, b))[:, 1:]  # J0
+        drafts = logp.max(dim=-1).indices
+        no_mask = torch.zeros(count, b, dtype=torch.bool, device=tokens.device)
+        k_hats: list[Tensor] = []
+        for j in range(1, d.J + 1):
+            if j <= d.R:
+                drafts, k_hat = self.refresh(drafts)
+                k_hats.append(k_hat)
+            logp = self.head_logp(torch.cat([self.bonus[:, None], drafts], dim=1), no_mask)[:, 1:]
+            drafts = logp.max(dim=-1).indices
+        return logp, k_hats
