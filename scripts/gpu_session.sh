@@ -37,6 +37,7 @@ case "$step" in
   stage-a|stage-b)
     part=${step#stage-}
     mkdir -p /root/stage && cp .gpu-$part/smollm2.part-$part /root/stage/
+    [ -d .gpu-train ] && mkdir -p /root/data && cp -r .gpu-train/. /root/data/  # training prompts (corpus), carried beside a part
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
     ls -la /root/stage ;;

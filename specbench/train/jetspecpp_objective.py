@@ -192,6 +192,7 @@ class JetSpecPPObjective(BlockObjective):
                 loss0, parts = self._kl(logits0, label0, has0, offsets[1:].expand(B, G, b - 1), batch)
                 total = total + float(s["mask_weight"]) * loss0
                 metrics.update({f"j0_{k}": v for k, v in parts.items()})
+                metrics["acc"] = parts["acc"]  # the J0 pass's top-1: the column train-report compares across heads
             if train1:
                 inputs, is_mask = self.refine_inputs(tokens, clean, logits0, generator)
                 logits1 = self._pass_logits(inputs, is_mask, pos, ctx_kv, mask)
