@@ -11,9 +11,17 @@ the proofs and tests on a drafter, tree policy or verifier that lives outside sp
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Iterator
 
 import pytest
+import torch
+
+# Triton decides at decoration time whether a @triton.jit function (its own tl.* library included) runs
+# under the interpreter, so TRITON_INTERPRET must be set before anything imports triton: torch imports it
+# lazily (e.g. torch._dynamo, from a test module that builds a model at import), hence here, first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

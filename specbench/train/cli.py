@@ -190,7 +190,11 @@ def build_objectives(target: Any, labels: dict[str, str] | Sequence[str],
     out: dict[str, Any] = {}
     configs: dict[str, str] = {}
     for label, objective in pairs.items():
-        obj = OBJECTIVES.build(objective, target, **settings.get(label, {}))
+        try:
+            obj = OBJECTIVES.build(objective, target, **settings.get(label, {}))
+        except TypeError as exc:  # a setting this objective does not take (an unlabelled --head-arg reaches every head)
+            raise ValueError(f"{exc}: change --head-arg (KEY=VALUE applies to every head; LABEL:KEY=VALUE to one, "
+                             f"e.g. --head-arg {label}:...)") from exc
         key = json.dumps([objective, obj.head_config()], sort_keys=True, default=str)
         if key in configs:
             print(f"specbench train: {label} is configured like {configs[key]}: not trained twice", file=sys.stderr)

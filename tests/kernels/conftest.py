@@ -1,7 +1,7 @@
 """Kernel tests run on CUDA when there is one, else on the CPU under Triton's interpreter.
 
-TRITON_INTERPRET must be set before the kernels are defined (at import of specbench.kernels.*), so
-it is set here, before any test module of this folder is imported.
+TRITON_INTERPRET must be set before triton is first imported: tests/conftest.py sets it (this folder
+repeats it for a run rooted here).
 """
 
 from __future__ import annotations

@@ -96,3 +96,13 @@ def test_corpus_then_training_at_scale(tmp_path, capsys) -> None:
     more = [a if a != str(run) else str(moved) for a in train]
     assert main(more + ["--steps", "10", "--reschedule"]) == 0
     assert "resumed at step 8 of 10" in capsys.readouterr().err
+
+
+def test_a_setting_a_head_does_not_take_names_the_flag(tmp_path) -> None:
+    """An unlabelled --head-arg reaches every head: eagle3 takes no block_size, and the CLI says which flag."""
+    args = ["train", "--drafter", "dflash,eagle3", "--target", "random:tiny-llama", "--synthetic-prompts", "2",
+            "--head-arg", "block_size=4", "--out", str(tmp_path / "run"), "--steps", "1", "--quiet"]
+    res = subprocess.run([sys.executable, "-m", "specbench.cli", *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "--head-arg" in res.stderr and "block_size" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "run").exists()
