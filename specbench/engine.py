@@ -10,6 +10,11 @@ One round (docs/DESIGN.md), as stages, each a function of the previous one's out
 then one host read of (acc, the tree's tokens, a finiteness flag). With a verifier that draws through
 the host's `Randomness` (T > 0) the verify and commit stages run on the host instead.
 
+Exact replay (`generate(..., reference=TeacherForced)`, T = 0, the greedy verifier): the same loop, stop
+rules and drafting stages, but no target forward: the "verify" stage is the greedy rule with the known
+continuation's tokens as the target's picks, and the drafter observes the reference's teacher-forced
+states at the accepted nodes. It measures tau on many prompts without running the target per round.
+
 On CUDA the stages after drafting replay CUDA graphs captured once, after an eager first round (so
 graphed and eager rounds run the same code); a device drafter's phases are graphed too and the next
 round is launched before this one is read (lookahead), so the host's bookkeeping overlaps the device's
@@ -31,7 +36,7 @@ from torch import Tensor
 
 from specbench.config import ConfigError, SamplingConfig, SpecConfig
 from specbench.drafters import DRAFTERS
-from specbench.drafters.base import Drafter, DraftState
+from specbench.drafters.base import Drafter, DraftState, TeacherForced
 from specbench.models.decoder import ForwardOutput
 from specbench.models.graphs import GraphedForward, Stage, StageGraphs
 from specbench.models.target import TargetModel
@@ -41,6 +46,7 @@ from specbench.trees.base import DepthScores, DraftTree, TreePolicy
 from specbench.trees.grow import ExpandFn
 from specbench.verify import VERIFIERS
 from specbench.verify.base import Acceptance, Randomness, TorchRandomness, Verifier, VerifyResult, read_acceptance
+from specbench.verify.vectorised import walk_batched
 
 
 class NonFiniteLogitsError(FloatingPointError):
@@ -202,16 +208,20 @@ class SpecDecoder:
         rng: Randomness | None = None,
         draft_rng: Randomness | None = None,
         on_round: Callable[[int, DraftTree, VerifyResult], None] | None = None,
+        reference: TeacherForced | None = None,
     ) -> GenerationResult:
         """Decode one request. Randomness comes from two independent streams seeded by
         `sampling.seed` (verification and drafting); tests may pass their own `rng`/`draft_rng`
-        (e.g. an enumerator). `on_round(round_no, tree, result)` sees every verified tree."""
+        (e.g. an enumerator). `on_round(round_no, tree, result)` sees every verified tree.
+        `reference`: exact replay of this prompt's known greedy continuation (module docstring)."""
         sampling = sampling or SamplingConfig()
         prompt = [int(t) for t in prompt_ids]
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}", keys=("max_new_tokens",))
         self.check_request(len(prompt), max_new_tokens)
         self.verifier.check(sampling)
+        if reference is not None:
+            self._check_reference(reference, prompt, sampling)
         vocab = self.target.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ConfigError(f"prompt token ids must lie in [0, {vocab})")
@@ -229,18 +239,23 @@ class SpecDecoder:
 
         # ---- prefill: the prompt, then the first token from its last row ----------------------
         t0 = time.perf_counter()
-        ids = torch.tensor([prompt], dtype=torch.long, device=device)
-        pos = torch.arange(len(prompt), device=device)[None]
-        out = target.forward(ids, pos, cache, None, taps, logits_rows="last", kv_len=len(prompt))
-        self._raise_if_nonfinite(self.check_finite and not bool(torch.isfinite(out.logits).all()), "prefill")
-        cache.advance(len(prompt))
-        first = self.verifier.verify(DraftTree.root_only(prompt[-1], device), out.logits[0], sampling, rng)
+        if reference is None:
+            ids = torch.tensor([prompt], dtype=torch.long, device=device)
+            pos = torch.arange(len(prompt), device=device)[None]
+            out = target.forward(ids, pos, cache, None, taps, logits_rows="last", kv_len=len(prompt))
+            self._raise_if_nonfinite(self.check_finite and not bool(torch.isfinite(out.logits).all()), "prefill")
+            cache.advance(len(prompt))
+            first = self.verifier.verify(DraftTree.root_only(prompt[-1], device), out.logits[0], sampling, rng)
+        else:  # the prompt's teacher-forced states and the reference's first token
+            out = ForwardOutput(logits=torch.empty(0, device=device),
+                                hidden={t: reference.hidden[t][:, : len(prompt)] for t in taps})
+            first = VerifyResult(path=[0], tokens=[reference.tokens[len(prompt)]])
         self.anchor.fill_(first.tokens[-1])
         tokens = prompt + first.tokens
         generated = list(first.tokens)
         state = DraftState(tokens=tokens, prompt_len=len(prompt), sampling=sampling, draft_rng=draft_rng,
                            want_draft_probs=self.verifier.needs_draft_probs and not sampling.greedy,
-                           anchor_device=self.anchor)
+                           anchor_device=self.anchor, reference=reference)
         if self.drafter is not None and generated[-1] not in eos and max_new_tokens > 1:
             self.drafter.begin(state, out, self.cache_slots)
         if device.type == "cuda":
@@ -250,7 +265,8 @@ class SpecDecoder:
 
         # ---- rounds ----------------------------------------------------------------------------
         t1 = time.perf_counter()
-        lookahead = self.lookahead and on_round is None and self.verifier.accepts_on_device(sampling)
+        lookahead = (self.lookahead and on_round is None and reference is None
+                     and self.verifier.accepts_on_device(sampling))
         launched = self._launch(state, sampling, rng) if not stop else None
         round_no = 0
         while launched is not None:
@@ -360,6 +376,8 @@ class SpecDecoder:
         readout; a host verifier's round is decided here."""
         clock = self.clock
         clock.start_round()
+        if state.reference is not None:
+            return self._launch_reference(state)
         if not self.verifier.accepts_on_device(sampling):
             return self._launch_host_verified(state, sampling, rng)
         prefix, rest = self._device_stages(state, sampling)
@@ -424,6 +442,34 @@ class SpecDecoder:
         clock.close()
         return _Launched(tree=tree, size=tree.budget, result=res)
 
+    def _check_reference(self, reference: TeacherForced, prompt: list[int], sampling: SamplingConfig) -> None:
+        if not sampling.greedy or type(self.verifier) is not VERIFIERS.get("greedy"):
+            raise ConfigError("exact replay (reference=) follows the greedy continuation: it needs temperature 0 "
+                              "and verifier=greedy", keys=("temperature", "verifier"))
+        if reference.tokens[: len(prompt)] != prompt or len(reference.tokens) <= len(prompt):
+            raise ConfigError("the reference must be the prompt followed by at least one token of its continuation")
+
+    def _launch_reference(self, state: DraftState) -> _Launched:
+        """Exact replay's round: the drafting stages as in decoding; then, instead of the verify forward,
+        the greedy rule with the reference's tokens as the target's picks; the drafter observes the
+        reference's teacher-forced states at the accepted nodes."""
+        clock = self.clock
+        x = None
+        for name, step in self._drafting(state, static=False):
+            clock.switch(name)
+            x = step(x)
+        tree = x
+        self._foresee(state, tree)
+        clock.switch("verify")
+        res, out = _follow_reference(tree, state.reference, state.cache_len,  # type: ignore[arg-type]
+                                     self.drafter.taps if self.drafter is not None else ())
+        clock.switch("commit")
+        if self.drafter is not None:
+            self.drafter.observe(tree.meta.get("host", tree), res, out)
+        self.anchor.fill_(res.tokens[-1])
+        clock.close()
+        return _Launched(tree=tree, size=tree.budget, result=res)
+
     def _foresee(self, state: DraftState, tree: DraftTree) -> None:
         """A foreseeing drafter's work for the next round, started once this round's verify forward is
         enqueued (so on CUDA it runs beside it), charged to the "foresight" stage (the host time it
@@ -456,6 +502,26 @@ class SpecDecoder:
             raise NonFiniteLogitsError(
                 f"the target produced NaN/inf logits in the {where} forward: check the weights and dtype "
                 f"(bf16/fp16 overflow?), or load the target in float32")
+
+
+def _follow_reference(tree: DraftTree, reference: TeacherForced, n: int,
+                      taps: Sequence[int]) -> tuple[VerifyResult, ForwardOutput]:
+    """The greedy walk of `tree` (anchor at position n) with the reference's token after each node as the
+    target's pick (none past its end: the walk stops there, without a bonus), and the teacher-forced
+    states of the accepted nodes (the other rows NaN: a drafter may read only those)."""
+    ids = reference.tokens
+    end = len(ids)
+    picks = [ids[p] if p < end else -1 for p in (n + 1 + tree.depth.cpu()).tolist()]  # [N]
+    res = walk_batched(tree, torch.tensor(picks, device=tree.device))
+    if res.tokens[-1] < 0:
+        res.tokens.pop()
+    hidden = {}
+    for t in taps:
+        states = reference.hidden[t]  # [1, L, d]
+        rows = states.new_full((1, tree.num_nodes, states.shape[-1]), float("nan"))
+        rows[0, res.path] = states[0, n: n + len(res.path)]  # the accepted node at depth j sits at position n + j
+        hidden[t] = rows
+    return res, ForwardOutput(logits=torch.empty(0, device=tree.device), hidden=hidden)
 
 
 def _on_device(tree: DraftTree, device: torch.device) -> DraftTree:
