@@ -5,6 +5,9 @@ Fairness: the target is loaded once per (target, device, dtype, attention) and e
 gets one `SpecDecoder` (its KV cache allocated once) with a short throwaway warm-up generation
 before anything is timed. Configurations are interleaved item by item (AR, then every SD
 configuration, on the same prompt) so a machine whose load drifts slows all of them alike.
+
+A replay study (`Study.replay`) runs its units by exact replay instead: per prompt one greedy
+reference, then every configuration replayed on it through the engine's reference mode.
 """
 
 from __future__ import annotations
@@ -24,13 +27,17 @@ from tqdm import tqdm
 
 from specbench.bench.plan import Plan, Variant, ar_config, plan_study, stable_hash
 from specbench.bench.provenance import provenance
+from specbench.bench.replay import ReplayResult, build_references, replay, replay_decoder
 from specbench.bench.store import RESULTS_FILE, ResultsStore
 from specbench.bench.study import DatasetSpec, Study
 from specbench.config import ConfigError
 from specbench.data import Prompt, load_dataset, turn_prompt_ids
+from specbench.drafters import DRAFTERS
+from specbench.drafters.base import Drafter
 from specbench.engine import GenerationResult, SpecDecoder
 from specbench.models import load_target
 from specbench.models.target import TargetModel
+from specbench.trees import TREE_POLICIES
 
 
 def default_out_dir(study: Study) -> Path:
@@ -98,11 +105,12 @@ class RunningStats:
         if row["drafter"] != "ar":
             self.tau_sum += row["tau"]
             self.sd_rows += 1
-        self.last_tok_s = row["decode_tok_s"]
+        self.last_tok_s = row.get("decode_tok_s", 0.0)
 
     def text(self, label: str) -> str:
         tau = f"{self.tau_sum / self.sd_rows:.2f}" if self.sd_rows else "-"
-        return f"tau={tau} tok/s={self.last_tok_s:.1f} [{label}]"
+        speed = f" tok/s={self.last_tok_s:.1f}" if self.last_tok_s else ""
+        return f"tau={tau}{speed} [{label}]"
 
 
 def item_seed(study: Study, unit: Unit) -> int:
@@ -167,15 +175,16 @@ def run_study(study: Study, *, data_dir: str | Path | None = None, out_dir: str 
         if store.dropped_partial_line:
             log(f"note: dropped a partially written last line of {store.path} (its item will be rerun)")
         done = sum(u.key in store for u in units)
-        log(f"{study.name}: {len(plan.variants)} configurations (AR baselines included), {len(units)} generations, "
-            f"{done} already in {store.path}")
+        what = "configurations replayed" if study.replay else "configurations (AR baselines included)"
+        log(f"{study.name}: {len(plan.variants)} {what}, {len(units)} generations, {done} already in {store.path}")
         bar = tqdm(total=len(units), initial=done, disable=not progress, unit="gen", dynamic_ncols=True, file=sys.stderr)
         stats = RunningStats()
         try:
             for gkey in dict.fromkeys(group_key(u.variant) for u in units):
                 todo = [u for u in units if group_key(u.variant) == gkey and u.key not in store]
                 if todo:
-                    group_written, group_skipped = _run_group(study, todo, store, bar, stats, on_row, log, notes)
+                    run_group = _run_replay_group if study.replay else _run_group
+                    group_written, group_skipped = run_group(study, todo, store, bar, stats, on_row, log, notes)
                     written, skipped = written + group_written, skipped + group_skipped
         finally:
             bar.close()
@@ -233,6 +242,99 @@ def _run_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, s
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return written, skipped
+
+
+def _run_replay_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, stats: RunningStats,
+                      on_row: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None],
+                      notes: list[str]) -> tuple[int, int]:
+    """Units of one target group by exact replay. Every decoder is built first (the reference carries
+    the taps of all drafters), with one drafter object per (drafter, drafter_args), so what it
+    precomputes along a reference serves all its trees and budgets. Returns (written, skipped)."""
+    first = todo[0].variant.run
+    target = load_target(first.target, device=first.device, dtype=first.dtype, attention=first.attention)
+    prov = provenance(first.device)
+    drafters: dict[str, Drafter] = {}
+    decoders: dict[str, SpecDecoder] = {}
+    for variant in {u.variant.key: u.variant for u in todo}.values():
+        spec = variant.run.spec
+        dkey = stable_json({"drafter": spec.drafter, "args": stable_json(spec.drafter_args)})
+        try:
+            if dkey not in drafters:
+                drafters[dkey] = DRAFTERS.build(spec.drafter, target, **dict(spec.drafter_args))
+            policy = TREE_POLICIES.build(spec.tree, **dict(spec.tree_args))
+            decoders[variant.key] = replay_decoder(drafters[dkey], policy, spec.budget, variant.run.max_seq_len)
+        except Exception as exc:
+            if not variant.optional:
+                raise
+            note = f"skipped {variant.label} (optional): cannot build it: {type(exc).__name__}: {exc}"
+            notes.append(note)
+            log(f"note: {note}")
+    runnable = [u for u in todo if u.variant.key in decoders]
+    bar.total -= len(todo) - len(runnable)
+    taps = sorted({t for d in decoders.values() for t in d.drafter.taps})  # type: ignore[union-attr]
+    prompts: dict[tuple[str, str, int, int], list[Unit]] = {}
+    for unit in runnable:
+        prompts.setdefault((unit.dataset.label, unit.item.id, unit.turn, unit.variant.run.max_new_tokens), []).append(unit)
+    written = 0
+    for units in prompts.values():
+        head = units[0]
+        answers = [store.rows[unit_key(head.variant, head.dataset, head.item.id, t)]["output_ids"] for t in range(head.turn)]
+        prompt_ids = turn_prompt_ids(target, head.item, head.turn, answers)
+        t0 = time.perf_counter()
+        ref = build_references(target, [prompt_ids], head.variant.run.max_new_tokens, taps, batch_size=1)[0]
+        reference_s = time.perf_counter() - t0
+        for unit in units:
+            decoder = decoders[unit.variant.key]
+            t0 = time.perf_counter()
+            res = replay(decoder.drafter, ref, decoder.policy, decoder.spec.budget,  # type: ignore[arg-type]
+                         unit.variant.run.max_new_tokens, decoder=decoder)
+            row = replay_row(study, unit, target, res, ref.tf_mismatch, time.perf_counter() - t0, reference_s, prov)
+            store.append(row)
+            written += 1
+            stats.add(row)
+            bar.set_postfix_str(stats.text(unit.variant.label), refresh=False)
+            bar.update(1)
+            if on_row is not None:
+                on_row(row)
+    return written, len(todo) - len(runnable)
+
+
+def replay_row(study: Study, unit: Unit, target: TargetModel, res: ReplayResult, tf_mismatch: int, replay_s: float,
+               reference_s: float, prov: dict[str, Any]) -> dict[str, Any]:
+    run, spec = unit.variant.run, unit.variant.run.spec
+    return {
+        "key": unit.key,
+        "study": study.name,
+        "mode": "replay",
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "target": run.target,
+        "drafter": spec.drafter,
+        "tree": spec.tree,
+        "verifier": spec.verifier,
+        "budget": spec.budget,
+        "drafter_args": stable_json(spec.drafter_args),
+        "temperature": run.sampling.temperature,
+        "max_new_tokens": run.max_new_tokens,
+        "device": run.device,
+        "dtype": run.dtype,
+        "dataset": unit.dataset.label,
+        "item_id": unit.item.id,
+        "item_index": unit.index,
+        "turn": unit.turn,
+        "tau": res.tau,
+        "rounds": len(res.accepted),
+        "new_tokens": len(res.output),
+        "mean_tree_size": sum(res.tree_sizes) / len(res.tree_sizes) if res.tree_sizes else 0.0,
+        "tf_mismatch": tf_mismatch,  # teacher-forced near-tie positions of the reference
+        "ref_exhausted": res.ref_exhausted,  # rounds whose walk reached the end of the reference
+        "replay_s": round(replay_s, 4),
+        "reference_s": round(reference_s, 4),  # the prompt's reference (shared by its configurations)
+        "output_ids": list(res.output),
+        "config": run.to_dict(),
+        "config_key": unit.variant.key,
+        "dataset_spec": unit.dataset.identity,
+        "provenance": prov,
+    }
 
 
 def _build_decoder(study: Study, variant: Variant, target: TargetModel, prompt_ids: list[int], sampling: Any,
