@@ -1,4 +1,9 @@
-"""tau at T = 0 of the DFlash-family heads beside ngram and self (and eagle3), by exact replay.
+"""tau at T = 0 of the DFlash-family heads beside ngram and self (and eagle3), by exact replay: the
+multi-process fill of experiments/tau_table.py's table (the same configurations and tau per prompt) for
+GPU sessions, with what the harness does not do: N shard processes merged into one file (--parallel),
+a time budget (--minutes), a second machine from the other end (--reverse), batched references
+(--ref-batch) and trained head directories under labels (--heads, for scripts/tau_vs_tokens.py and
+scripts/ablation_table.py). Its rows are this script's own format (docs/measurements/ keeps a table).
 
     python scripts/tau_table.py --data ../shared/data --out results/tau_table.jsonl            # run / resume
     python scripts/tau_table.py --out results/tau_table.jsonl --table-only                     # print the table

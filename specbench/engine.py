@@ -37,7 +37,7 @@ from torch import Tensor
 from specbench.config import ConfigError, SamplingConfig, SpecConfig
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState, TeacherForced
-from specbench.models.decoder import ForwardOutput
+from specbench.models.decoder import ForwardOutput, KVCache
 from specbench.models.graphs import GraphedForward, Stage, StageGraphs
 from specbench.models.target import TargetModel
 from specbench.stats import RequestStats, RoundClock, RoundStats
@@ -168,7 +168,7 @@ class SpecDecoder:
         self.lookahead = self.cuda_graphs and self.device_drafting and (lookahead is None or bool(lookahead))
         self.check_finite = check_finite
         self.cache_slots = max_seq_len + 2 * (self.budget + 1)  # room for a lookahead round past the end
-        self.cache = target.new_cache(self.cache_slots)
+        self._cache: KVCache | None = None  # allocated on first use: exact replay never needs it
         self.anchor = torch.zeros(1, dtype=torch.long, device=target.device)  # the next tree's root
         self._root_tree = DraftTree.root_only(self.anchor, target.device)  # AR's tree: the anchor alone, static
         self.clock = RoundClock(is_cuda)
@@ -181,6 +181,13 @@ class SpecDecoder:
         self._graphed_forward: GraphedForward | None = None  # the verify forward of host-verified rounds
         self._pinned: list[Tensor] = []
         self.capture_check = capture_check  # eager rounds run their capturable stages inside it (CPU tests)
+
+    @property
+    def cache(self) -> KVCache:
+        """The target's KV cache (`cache_slots` slots, allocated once and reused across requests)."""
+        if self._cache is None:
+            self._cache = self.target.new_cache(self.cache_slots)
+        return self._cache
 
     @property
     def budget(self) -> int:
@@ -225,21 +232,23 @@ class SpecDecoder:
         vocab = self.target.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ConfigError(f"prompt token ids must lie in [0, {vocab})")
-        target, cache = self.target, self.cache
+        target = self.target
         device = target.device
         rng = rng or TorchRandomness(_derived_seed(sampling.seed, "verify"))
         draft_rng = draft_rng or TorchRandomness(_derived_seed(sampling.seed, "draft"))
         taps = self.drafter.taps if self.drafter is not None else ()
         eos = set(target.eos_token_ids)
         stats = RequestStats(prompt_tokens=len(prompt))
-        cache.reset()
+        cache = self.cache if reference is None else None  # exact replay runs no target forward
+        if cache is not None:
+            cache.reset()
         self.clock.begin_request()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
         # ---- prefill: the prompt, then the first token from its last row ----------------------
         t0 = time.perf_counter()
-        if reference is None:
+        if cache is not None:
             ids = torch.tensor([prompt], dtype=torch.long, device=device)
             pos = torch.arange(len(prompt), device=device)[None]
             out = target.forward(ids, pos, cache, None, taps, logits_rows="last", kv_len=len(prompt))
@@ -371,6 +380,13 @@ class SpecDecoder:
         drafting = self._drafting(state, static=self.cuda_graphs)
         return ([], drafting + rest) if self.device_drafting else (drafting, rest)
 
+    def _run_eagerly(self, stages: list[Stage], x: Any = None) -> Any:
+        """The stages in order, each charged to its stage name; returns the last one's output."""
+        for name, step in stages:
+            self.clock.switch(name)
+            x = step(x)
+        return x
+
     def _launch(self, state: DraftState, sampling: SamplingConfig, rng: Randomness) -> _Launched:
         """Queue one round: graph replays (or the same stages run eagerly) and the async copy of the
         readout; a host verifier's round is decided here."""
@@ -381,10 +397,7 @@ class SpecDecoder:
         if not self.verifier.accepts_on_device(sampling):
             return self._launch_host_verified(state, sampling, rng)
         prefix, rest = self._device_stages(state, sampling)
-        x = None
-        for name, step in prefix:
-            clock.switch(name)
-            x = step(x)
+        x = self._run_eagerly(prefix)
         if self.cuda_graphs and self._graphs is None and self._warmed:
             self._graphs = StageGraphs(rest, x)
         if self._graphs is not None:
@@ -392,10 +405,7 @@ class SpecDecoder:
         else:
             check = self.capture_check if self._warmed and self.capture_check is not None else nullcontext
             with check():
-                for name, step in rest:
-                    clock.switch(name)
-                    x = step(x)
-            readout, tree, out = x
+                readout, tree, out = self._run_eagerly(rest, x)
             self._warmed = True
         self._foresee(state, tree)
         clock.close()
@@ -417,11 +427,7 @@ class SpecDecoder:
         """A round whose verifier draws through the host's randomness: drafting and the verify forward
         as usual (the forward from a CUDA graph on CUDA), then verify and commit on the host."""
         clock = self.clock
-        x = None
-        for name, step in self._drafting(state, static=False):
-            clock.switch(name)
-            x = step(x)
-        tree = x
+        tree = self._run_eagerly(self._drafting(state, static=False))
         clock.switch("verify_forward")
         if self.cuda_graphs:
             if self._graphed_forward is None:
@@ -454,11 +460,7 @@ class SpecDecoder:
         the greedy rule with the reference's tokens as the target's picks; the drafter observes the
         reference's teacher-forced states at the accepted nodes."""
         clock = self.clock
-        x = None
-        for name, step in self._drafting(state, static=False):
-            clock.switch(name)
-            x = step(x)
-        tree = x
+        tree = self._run_eagerly(self._drafting(state, static=False))
         self._foresee(state, tree)
         clock.switch("verify")
         res, out = _follow_reference(tree, state.reference, state.cache_len,  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ import json
 import resource
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -119,13 +120,12 @@ def item_seed(study: Study, unit: Unit) -> int:
                             "turn": unit.turn})[:15], 16)
 
 
-def make_row(study: Study, unit: Unit, target: TargetModel, result: GenerationResult, seed: int,
-             prov: dict[str, Any]) -> dict[str, Any]:
+def unit_fields(study: Study, unit: Unit, prov: dict[str, Any]) -> dict[str, Any]:
+    """The columns every row has: the configuration, the item and where it ran."""
     run, spec = unit.variant.run, unit.variant.run.spec
     is_ar = spec.drafter is None
     return {
         "key": unit.key,
-        "baseline_key": unit.baseline_key,
         "study": study.name,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "target": run.target,
@@ -143,15 +143,23 @@ def make_row(study: Study, unit: Unit, target: TargetModel, result: GenerationRe
         "item_id": unit.item.id,
         "item_index": unit.index,
         "turn": unit.turn,
+        "config": run.to_dict(),
+        "config_key": unit.variant.key,
+        "dataset_spec": unit.dataset.identity,
+        "provenance": prov,
+    }
+
+
+def make_row(study: Study, unit: Unit, target: TargetModel, result: GenerationResult, seed: int,
+             prov: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **unit_fields(study, unit, prov),
+        "baseline_key": unit.baseline_key,
         "item_seed": seed,
         **result.stats.summary(),
         "process_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "output_ids": list(result.tokens),
         "output_text": target.decode(result.tokens) if target.tokenizer is not None else None,
-        "config": run.to_dict(),
-        "config_key": unit.variant.key,
-        "dataset_spec": unit.dataset.identity,
-        "provenance": prov,
     }
 
 
@@ -228,14 +236,8 @@ def _run_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, s
             except ConfigError as exc:
                 raise ConfigError(f"{unit.dataset.label} item {unit.item.id!r} turn {unit.turn} "
                                   f"({unit.variant.label}): {exc}", keys=exc.keys) from None
-            row = make_row(study, unit, target, result, seed, prov)
-            store.append(row)
+            _record(make_row(study, unit, target, result, seed, prov), unit, store, bar, stats, on_row)
             written += 1
-            stats.add(row)
-            bar.set_postfix_str(stats.text(unit.variant.label), refresh=False)
-            bar.update(1)
-            if on_row is not None:
-                on_row(row)
     finally:
         decoders.clear()
         del target
@@ -243,6 +245,17 @@ def _run_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, s
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return written, skipped
+
+
+def _record(row: dict[str, Any], unit: Unit, store: ResultsStore, bar: tqdm, stats: RunningStats,
+            on_row: Callable[[dict[str, Any]], None] | None) -> None:
+    """A finished unit's row: to the results file (at once), the progress bar and `on_row`."""
+    store.append(row)
+    stats.add(row)
+    bar.set_postfix_str(stats.text(unit.variant.label), refresh=False)
+    bar.update(1)
+    if on_row is not None:
+        on_row(row)
 
 
 def _run_replay_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, stats: RunningStats,
@@ -265,11 +278,7 @@ def _run_replay_group(study: Study, todo: list[Unit], store: ResultsStore, bar: 
             policy = TREE_POLICIES.build(spec.tree, **dict(spec.tree_args))
             decoders[variant.key] = replay_decoder(drafters[dkey], policy, spec.budget, variant.run.max_seq_len)
         except Exception as exc:
-            if not variant.optional:
-                raise
-            note = f"skipped {variant.label} (optional): cannot build it: {type(exc).__name__}: {exc}"
-            notes.append(note)
-            log(f"note: {note}")
+            _skip_optional(variant, exc, notes, log)
     runnable = [u for u in todo if u.variant.key in decoders]
     bar.total -= len(todo) - len(runnable)
     taps = sorted({t for d in decoders.values() for t in d.drafter.taps})  # type: ignore[union-attr]
@@ -289,54 +298,37 @@ def _run_replay_group(study: Study, todo: list[Unit], store: ResultsStore, bar: 
             t0 = time.perf_counter()
             res = replay(decoder.drafter, ref, decoder.policy, decoder.spec.budget,  # type: ignore[arg-type]
                          unit.variant.run.max_new_tokens, decoder=decoder)
-            row = replay_row(study, unit, target, res, ref.tf_mismatch, time.perf_counter() - t0, reference_s, prov)
-            store.append(row)
+            row = replay_row(study, unit, res, ref.tf_mismatch, time.perf_counter() - t0, reference_s, prov)
+            _record(row, unit, store, bar, stats, on_row)
             written += 1
-            stats.add(row)
-            bar.set_postfix_str(stats.text(unit.variant.label), refresh=False)
-            bar.update(1)
-            if on_row is not None:
-                on_row(row)
     return written, len(todo) - len(runnable)
 
 
-def replay_row(study: Study, unit: Unit, target: TargetModel, res: ReplayResult, tf_mismatch: int, replay_s: float,
-               reference_s: float, prov: dict[str, Any]) -> dict[str, Any]:
-    run, spec = unit.variant.run, unit.variant.run.spec
+def replay_row(study: Study, unit: Unit, res: ReplayResult, tf_mismatch: int, replay_s: float, reference_s: float,
+               prov: dict[str, Any]) -> dict[str, Any]:
     return {
-        "key": unit.key,
-        "study": study.name,
+        **unit_fields(study, unit, prov),
         "mode": "replay",
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "target": run.target,
-        "drafter": spec.drafter,
-        "tree": spec.tree,
-        "verifier": spec.verifier,
-        "budget": spec.budget,
-        "drafter_args": stable_json(spec.drafter_args),
-        "tree_args": stable_json(spec.tree_args),
-        "temperature": run.sampling.temperature,
-        "max_new_tokens": run.max_new_tokens,
-        "device": run.device,
-        "dtype": run.dtype,
-        "dataset": unit.dataset.label,
-        "item_id": unit.item.id,
-        "item_index": unit.index,
-        "turn": unit.turn,
         "tau": res.tau,
         "rounds": len(res.accepted),
         "new_tokens": len(res.output),
         "mean_tree_size": sum(res.tree_sizes) / len(res.tree_sizes) if res.tree_sizes else 0.0,
+        "accepted_hist": {str(k): v for k, v in sorted(Counter(res.accepted).items())},
         "tf_mismatch": tf_mismatch,  # teacher-forced near-tie positions of the reference
         "ref_exhausted": res.ref_exhausted,  # rounds whose walk reached the end of the reference
         "replay_s": round(replay_s, 4),
         "reference_s": round(reference_s, 4),  # the prompt's reference (shared by its configurations)
         "output_ids": list(res.output),
-        "config": run.to_dict(),
-        "config_key": unit.variant.key,
-        "dataset_spec": unit.dataset.identity,
-        "provenance": prov,
     }
+
+
+def _skip_optional(variant: Variant, exc: Exception, notes: list[str], log: Callable[[str], None]) -> None:
+    """A configuration that cannot be built: re-raise unless it is optional, else note that it is skipped."""
+    if not variant.optional:
+        raise exc
+    note = f"skipped {variant.label} (optional): cannot build it: {type(exc).__name__}: {exc}"
+    notes.append(note)
+    log(f"note: {note}")
 
 
 def _build_decoder(study: Study, variant: Variant, target: TargetModel, prompt_ids: list[int], sampling: Any,
@@ -345,11 +337,7 @@ def _build_decoder(study: Study, variant: Variant, target: TargetModel, prompt_i
     try:
         decoder = SpecDecoder(target, variant.run.spec, max_seq_len=variant.run.max_seq_len)
     except Exception as exc:
-        if not variant.optional:
-            raise
-        note = f"skipped {variant.label} (optional): cannot build it: {type(exc).__name__}: {exc}"
-        notes.append(note)
-        log(f"note: {note}")
+        _skip_optional(variant, exc, notes, log)
         return None
     if study.warmup_tokens > 0:
         decoder.generate(prompt_ids, min(study.warmup_tokens, variant.run.max_new_tokens), sampling)

@@ -1,6 +1,6 @@
 """A replay study (`Study(replay=True)`): rows by exact replay through the harness, equal to the real
-decode loop's tau and output per prompt, resumable, printable by `specbench table`; only greedy T = 0
-configurations are accepted."""
+decode loop's tau and output per prompt, resumable, printable by `specbench table` and `plot`; only
+greedy T = 0 configurations are accepted."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from specbench.bench import Grid, Study
+from specbench.bench.plots import make_plots
 from specbench.bench.runner import run_study
 from specbench.bench.store import read_rows
 from specbench.bench.study import StudyError
@@ -35,12 +36,15 @@ def test_replay_rows_equal_decoding_and_resume(tmp_path: Path, tiny_study: Study
     for r in rows:
         want = by_unit[(sd_keys[(r["drafter"], r["tree"], r["budget"], r["drafter_args"])], r["item_id"], r["turn"])]
         assert (r["tau"], r["rounds"], r["output_ids"]) == (want["tau"], want["rounds"], want["output_ids"])
+        assert {int(k): v for k, v in r["accepted_hist"].items()} == {int(k): v for k, v in want["accepted_hist"].items()}
     assert not {r["key"] for r in rows} & {r["key"] for r in read_rows(decoded.results)}  # keyed apart
 
     again = run_study(study, out_dir=tmp_path / "replay", progress=False, log=lambda m: None)
     assert again.written == 0
     table = make_table([done.results], rows=("drafter", "tree", "budget"), cols=("turn",), values=("tau",))
     assert "ngram | ddtree | 8" in table
+    plots = make_plots([done.results], tmp_path / "plots")
+    assert [p.name for p in plots] == ["tau_vs_budget.png", "accept_by_depth.png"]  # no speed-up without timings
 
 
 def test_replay_needs_greedy_at_t0(tiny_study: Study) -> None:
