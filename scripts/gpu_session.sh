@@ -83,8 +83,8 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
     since "tree builders on the GPU"
     timeout 100 python3 scripts/bench_trees.py --device cuda --target smollm2-135m --out "$R/trees" 2>&1 | tail -25
     since "draft cost per round: eagle3 vs jetspec"
-    timeout 90 python3 scripts/eagle3_draft_cost.py --device cuda --target smollm2-135m \
-      --eagle3-checkpoint /root/hi/eagle3 --jetspec-checkpoint /root/hi/jetspec --out "$R/cost" 2>&1 | tail -22
+    timeout 150 specbench run experiments/draft_cost.py --device cuda --dtype bfloat16 --data-dir /root/data \
+      --out "$R/cost" --no-progress n=1 max_new_tokens=[64] 2>&1 | tail -46
     tar -czf "$OUT/eval2.tgz" -C /root/results eval2
     since done ;;
   profile)

@@ -1,4 +1,9 @@
-"""tau at T = 0 of the DFlash-family heads beside ngram and self (and eagle3), by exact replay.
+"""tau at T = 0 of the DFlash-family heads beside ngram and self (and eagle3), by exact replay: the
+multi-process fill of experiments/tau_table.py's table (the same configurations and tau per prompt) for
+GPU sessions, with what the harness does not do: N shard processes merged into one file (--parallel),
+a time budget (--minutes), a second machine from the other end (--reverse), batched references
+(--ref-batch) and trained head directories under labels (--heads, for scripts/tau_vs_tokens.py and
+scripts/ablation_table.py). Its rows are this script's own format (docs/measurements/ keeps a table).
 
     python scripts/tau_table.py --data ../shared/data --out results/tau_table.jsonl            # run / resume
     python scripts/tau_table.py --out results/tau_table.jsonl --table-only                     # print the table
@@ -221,8 +226,7 @@ def main() -> int:
         print_table(rows)
         return 0
 
-    from specbench.bench.replay import HeadProposals, build_references, replay
-    from specbench.drafters.heads.parallel import ParallelHeadDrafter
+    from specbench.bench.replay import build_references, replay, replay_decoder
     from specbench.models import load_target
     from specbench.trees import TREE_POLICIES
 
@@ -238,7 +242,7 @@ def main() -> int:
     policies = {tree: TREE_POLICIES.build(tree) for _, tree, _ in configs}
     done = {(r["dataset"], r["id"], r["drafter"], r["tree"], r["budget"]) for r in rows}
     taps = sorted({t for d in drafters.values() for t in d.taps})  # type: ignore[attr-defined]
-    top_k = max(b for _, _, b in configs)
+    decoders = {c: replay_decoder(drafters[c[0]], policies[c[1]], c[2]) for c in configs}  # type: ignore[arg-type]
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     shard, shards = (int(x) for x in args.shard.split("/"))
@@ -262,15 +266,13 @@ def main() -> int:
                 if args.minutes is not None and time.monotonic() - start > 60 * args.minutes:
                     break  # rows are written per prompt: a rerun picks up the rest of this group
                 t0 = time.monotonic()
-                proposals = {}
                 for d, tree, budget in configs:
                     if (ds, pid, d, tree, budget) in done:
                         continue
                     drafter = drafters[d]
                     t1 = time.monotonic()
-                    if isinstance(drafter, ParallelHeadDrafter) and d not in proposals:
-                        proposals[d] = HeadProposals(drafter, ref, top_k=top_k)
-                    res = replay(drafter, ref, policies[tree], budget, args.max_new_tokens, proposals=proposals.get(d))
+                    res = replay(drafter, ref, policies[tree], budget, args.max_new_tokens,  # type: ignore[arg-type]
+                                 decoder=decoders[(d, tree, budget)])
                     row = {"dataset": ds, "id": pid, "drafter": d, "kind": getattr(drafter, "name", d), "tree": tree,
                            "budget": budget, "tau": res.tau,
                            "rounds": len(res.accepted), "new_tokens": len(res.output), "prompt_len": len(ids),

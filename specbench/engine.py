@@ -10,6 +10,11 @@ One round (docs/DESIGN.md), as stages, each a function of the previous one's out
 then one host read of (acc, the tree's tokens, a finiteness flag). With a verifier that draws through
 the host's `Randomness` (T > 0) the verify and commit stages run on the host instead.
 
+Exact replay (`generate(..., reference=TeacherForced)`, T = 0, the greedy verifier): the same loop, stop
+rules and drafting stages, but no target forward: the "verify" stage is the greedy rule with the known
+continuation's tokens as the target's picks, and the drafter observes the reference's teacher-forced
+states at the accepted nodes. It measures tau on many prompts without running the target per round.
+
 On CUDA the stages after drafting replay CUDA graphs captured once, after an eager first round (so
 graphed and eager rounds run the same code); a device drafter's phases are graphed too and the next
 round is launched before this one is read (lookahead), so the host's bookkeeping overlaps the device's
@@ -31,8 +36,8 @@ from torch import Tensor
 
 from specbench.config import ConfigError, SamplingConfig, SpecConfig
 from specbench.drafters import DRAFTERS
-from specbench.drafters.base import Drafter, DraftState
-from specbench.models.decoder import ForwardOutput
+from specbench.drafters.base import Drafter, DraftState, TeacherForced
+from specbench.models.decoder import ForwardOutput, KVCache
 from specbench.models.graphs import GraphedForward, Stage, StageGraphs
 from specbench.models.target import TargetModel
 from specbench.stats import RequestStats, RoundClock, RoundStats
@@ -41,6 +46,7 @@ from specbench.trees.base import DepthScores, DraftTree, TreePolicy
 from specbench.trees.grow import ExpandFn
 from specbench.verify import VERIFIERS
 from specbench.verify.base import Acceptance, Randomness, TorchRandomness, Verifier, VerifyResult, read_acceptance
+from specbench.verify.vectorised import walk_batched
 
 
 class NonFiniteLogitsError(FloatingPointError):
@@ -162,7 +168,7 @@ class SpecDecoder:
         self.lookahead = self.cuda_graphs and self.device_drafting and (lookahead is None or bool(lookahead))
         self.check_finite = check_finite
         self.cache_slots = max_seq_len + 2 * (self.budget + 1)  # room for a lookahead round past the end
-        self.cache = target.new_cache(self.cache_slots)
+        self._cache: KVCache | None = None  # allocated on first use: exact replay never needs it
         self.anchor = torch.zeros(1, dtype=torch.long, device=target.device)  # the next tree's root
         self._root_tree = DraftTree.root_only(self.anchor, target.device)  # AR's tree: the anchor alone, static
         self.clock = RoundClock(is_cuda)
@@ -175,6 +181,13 @@ class SpecDecoder:
         self._graphed_forward: GraphedForward | None = None  # the verify forward of host-verified rounds
         self._pinned: list[Tensor] = []
         self.capture_check = capture_check  # eager rounds run their capturable stages inside it (CPU tests)
+
+    @property
+    def cache(self) -> KVCache:
+        """The target's KV cache (`cache_slots` slots, allocated once and reused across requests)."""
+        if self._cache is None:
+            self._cache = self.target.new_cache(self.cache_slots)
+        return self._cache
 
     @property
     def budget(self) -> int:
@@ -202,45 +215,56 @@ class SpecDecoder:
         rng: Randomness | None = None,
         draft_rng: Randomness | None = None,
         on_round: Callable[[int, DraftTree, VerifyResult], None] | None = None,
+        reference: TeacherForced | None = None,
     ) -> GenerationResult:
         """Decode one request. Randomness comes from two independent streams seeded by
         `sampling.seed` (verification and drafting); tests may pass their own `rng`/`draft_rng`
-        (e.g. an enumerator). `on_round(round_no, tree, result)` sees every verified tree."""
+        (e.g. an enumerator). `on_round(round_no, tree, result)` sees every verified tree.
+        `reference`: exact replay of this prompt's known greedy continuation (module docstring)."""
         sampling = sampling or SamplingConfig()
         prompt = [int(t) for t in prompt_ids]
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}", keys=("max_new_tokens",))
         self.check_request(len(prompt), max_new_tokens)
         self.verifier.check(sampling)
+        if reference is not None:
+            self._check_reference(reference, prompt, sampling)
         vocab = self.target.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ConfigError(f"prompt token ids must lie in [0, {vocab})")
-        target, cache = self.target, self.cache
+        target = self.target
         device = target.device
         rng = rng or TorchRandomness(_derived_seed(sampling.seed, "verify"))
         draft_rng = draft_rng or TorchRandomness(_derived_seed(sampling.seed, "draft"))
         taps = self.drafter.taps if self.drafter is not None else ()
         eos = set(target.eos_token_ids)
         stats = RequestStats(prompt_tokens=len(prompt))
-        cache.reset()
+        cache = self.cache if reference is None else None  # exact replay runs no target forward
+        if cache is not None:
+            cache.reset()
         self.clock.begin_request()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
         # ---- prefill: the prompt, then the first token from its last row ----------------------
         t0 = time.perf_counter()
-        ids = torch.tensor([prompt], dtype=torch.long, device=device)
-        pos = torch.arange(len(prompt), device=device)[None]
-        out = target.forward(ids, pos, cache, None, taps, logits_rows="last", kv_len=len(prompt))
-        self._raise_if_nonfinite(self.check_finite and not bool(torch.isfinite(out.logits).all()), "prefill")
-        cache.advance(len(prompt))
-        first = self.verifier.verify(DraftTree.root_only(prompt[-1], device), out.logits[0], sampling, rng)
+        if cache is not None:
+            ids = torch.tensor([prompt], dtype=torch.long, device=device)
+            pos = torch.arange(len(prompt), device=device)[None]
+            out = target.forward(ids, pos, cache, None, taps, logits_rows="last", kv_len=len(prompt))
+            self._raise_if_nonfinite(self.check_finite and not bool(torch.isfinite(out.logits).all()), "prefill")
+            cache.advance(len(prompt))
+            first = self.verifier.verify(DraftTree.root_only(prompt[-1], device), out.logits[0], sampling, rng)
+        else:  # the prompt's teacher-forced states and the reference's first token
+            out = ForwardOutput(logits=torch.empty(0, device=device),
+                                hidden={t: reference.hidden[t][:, : len(prompt)] for t in taps})
+            first = VerifyResult(path=[0], tokens=[reference.tokens[len(prompt)]])
         self.anchor.fill_(first.tokens[-1])
         tokens = prompt + first.tokens
         generated = list(first.tokens)
         state = DraftState(tokens=tokens, prompt_len=len(prompt), sampling=sampling, draft_rng=draft_rng,
                            want_draft_probs=self.verifier.needs_draft_probs and not sampling.greedy,
-                           anchor_device=self.anchor)
+                           anchor_device=self.anchor, reference=reference)
         if self.drafter is not None and generated[-1] not in eos and max_new_tokens > 1:
             self.drafter.begin(state, out, self.cache_slots)
         if device.type == "cuda":
@@ -250,7 +274,8 @@ class SpecDecoder:
 
         # ---- rounds ----------------------------------------------------------------------------
         t1 = time.perf_counter()
-        lookahead = self.lookahead and on_round is None and self.verifier.accepts_on_device(sampling)
+        lookahead = (self.lookahead and on_round is None and reference is None
+                     and self.verifier.accepts_on_device(sampling))
         launched = self._launch(state, sampling, rng) if not stop else None
         round_no = 0
         while launched is not None:
@@ -355,18 +380,24 @@ class SpecDecoder:
         drafting = self._drafting(state, static=self.cuda_graphs)
         return ([], drafting + rest) if self.device_drafting else (drafting, rest)
 
+    def _run_eagerly(self, stages: list[Stage], x: Any = None) -> Any:
+        """The stages in order, each charged to its stage name; returns the last one's output."""
+        for name, step in stages:
+            self.clock.switch(name)
+            x = step(x)
+        return x
+
     def _launch(self, state: DraftState, sampling: SamplingConfig, rng: Randomness) -> _Launched:
         """Queue one round: graph replays (or the same stages run eagerly) and the async copy of the
         readout; a host verifier's round is decided here."""
         clock = self.clock
         clock.start_round()
+        if state.reference is not None:
+            return self._launch_reference(state)
         if not self.verifier.accepts_on_device(sampling):
             return self._launch_host_verified(state, sampling, rng)
         prefix, rest = self._device_stages(state, sampling)
-        x = None
-        for name, step in prefix:
-            clock.switch(name)
-            x = step(x)
+        x = self._run_eagerly(prefix)
         if self.cuda_graphs and self._graphs is None and self._warmed:
             self._graphs = StageGraphs(rest, x)
         if self._graphs is not None:
@@ -374,10 +405,7 @@ class SpecDecoder:
         else:
             check = self.capture_check if self._warmed and self.capture_check is not None else nullcontext
             with check():
-                for name, step in rest:
-                    clock.switch(name)
-                    x = step(x)
-            readout, tree, out = x
+                readout, tree, out = self._run_eagerly(rest, x)
             self._warmed = True
         self._foresee(state, tree)
         clock.close()
@@ -399,11 +427,7 @@ class SpecDecoder:
         """A round whose verifier draws through the host's randomness: drafting and the verify forward
         as usual (the forward from a CUDA graph on CUDA), then verify and commit on the host."""
         clock = self.clock
-        x = None
-        for name, step in self._drafting(state, static=False):
-            clock.switch(name)
-            x = step(x)
-        tree = x
+        tree = self._run_eagerly(self._drafting(state, static=False))
         clock.switch("verify_forward")
         if self.cuda_graphs:
             if self._graphed_forward is None:
@@ -420,6 +444,30 @@ class SpecDecoder:
         self.cache.commit(res.path)
         if self.drafter is not None:
             self.drafter.observe(tree, res, out)
+        self.anchor.fill_(res.tokens[-1])
+        clock.close()
+        return _Launched(tree=tree, size=tree.budget, result=res)
+
+    def _check_reference(self, reference: TeacherForced, prompt: list[int], sampling: SamplingConfig) -> None:
+        if not sampling.greedy or type(self.verifier) is not VERIFIERS.get("greedy"):
+            raise ConfigError("exact replay (reference=) follows the greedy continuation: it needs temperature 0 "
+                              "and verifier=greedy", keys=("temperature", "verifier"))
+        if reference.tokens[: len(prompt)] != prompt or len(reference.tokens) <= len(prompt):
+            raise ConfigError("the reference must be the prompt followed by at least one token of its continuation")
+
+    def _launch_reference(self, state: DraftState) -> _Launched:
+        """Exact replay's round: the drafting stages as in decoding; then, instead of the verify forward,
+        the greedy rule with the reference's tokens as the target's picks; the drafter observes the
+        reference's teacher-forced states at the accepted nodes."""
+        clock = self.clock
+        tree = self._run_eagerly(self._drafting(state, static=False))
+        self._foresee(state, tree)
+        clock.switch("verify")
+        res, out = _follow_reference(tree, state.reference, state.cache_len,  # type: ignore[arg-type]
+                                     self.drafter.taps if self.drafter is not None else ())
+        clock.switch("commit")
+        if self.drafter is not None:
+            self.drafter.observe(tree.meta.get("host", tree), res, out)
         self.anchor.fill_(res.tokens[-1])
         clock.close()
         return _Launched(tree=tree, size=tree.budget, result=res)
@@ -456,6 +504,26 @@ class SpecDecoder:
             raise NonFiniteLogitsError(
                 f"the target produced NaN/inf logits in the {where} forward: check the weights and dtype "
                 f"(bf16/fp16 overflow?), or load the target in float32")
+
+
+def _follow_reference(tree: DraftTree, reference: TeacherForced, n: int,
+                      taps: Sequence[int]) -> tuple[VerifyResult, ForwardOutput]:
+    """The greedy walk of `tree` (anchor at position n) with the reference's token after each node as the
+    target's pick (none past its end: the walk stops there, without a bonus), and the teacher-forced
+    states of the accepted nodes (the other rows NaN: a drafter may read only those)."""
+    ids = reference.tokens
+    end = len(ids)
+    picks = [ids[p] if p < end else -1 for p in (n + 1 + tree.depth.cpu()).tolist()]  # [N]
+    res = walk_batched(tree, torch.tensor(picks, device=tree.device))
+    if res.tokens[-1] < 0:
+        res.tokens.pop()
+    hidden = {}
+    for t in taps:
+        states = reference.hidden[t]  # [1, L, d]
+        rows = states.new_full((1, tree.num_nodes, states.shape[-1]), float("nan"))
+        rows[0, res.path] = states[0, n: n + len(res.path)]  # the accepted node at depth j sits at position n + j
+        hidden[t] = rows
+    return res, ForwardOutput(logits=torch.empty(0, device=tree.device), hidden=hidden)
 
 
 def _on_device(tree: DraftTree, device: torch.device) -> DraftTree:

@@ -24,14 +24,16 @@ def stable_hash(obj: Any) -> str:
 
 @dataclass(frozen=True)
 class Variant:
-    """One resolved configuration. `optional`: it came from an optional grid (may be skipped)."""
+    """One resolved configuration. `optional`: it came from an optional grid (may be skipped);
+    `replay`: measured by exact replay (its rows are keyed apart from decoded ones)."""
 
     run: RunConfig
     optional: bool = False
+    replay: bool = False
 
     @property
     def key(self) -> str:
-        return stable_hash(self.run.to_dict())
+        return stable_hash({**self.run.to_dict(), "replay": True} if self.replay else self.run.to_dict())
 
     @property
     def label(self) -> str:
@@ -123,11 +125,20 @@ def _grid_configs(study: Study, grid: Grid, index: int, notes: list[str]) -> lis
 
 
 def plan_study(study: Study) -> Plan:
-    """Every configuration of the study, its AR baselines first; unavailable optional parts become notes."""
+    """Every configuration of the study, its AR baselines first (none under replay); unavailable
+    optional parts become notes."""
     notes: list[str] = []
     configs: list[tuple[RunConfig, bool]] = []
     for index, grid in enumerate(study.grids):
         configs += [(run, grid.optional) for run in _grid_configs(study, grid, index, notes)]
+    if study.replay:
+        bad = sorted({f"{r.spec.verifier} at T={r.sampling.temperature}" for r, _ in configs
+                      if r.spec.verifier != "greedy" or not r.sampling.greedy})
+        if bad:
+            raise StudyError(f"study {study.name!r} replays (replay=true), which follows the greedy continuation: "
+                             f"it needs verifiers=[greedy] and temperatures=[0], not {', '.join(bad)}")
+        variants = {v.key: v for v in (Variant(run, optional, replay=True) for run, optional in configs)}
+        return Plan(variants=list(variants.values()), notes=notes)
     baselines = [ar_config(run) for run, _ in configs]
     if not configs:  # an all-AR study, or every optional drafter is missing: still measure AR
         temperatures = sorted({float(t) for g in study.grids for t in g.temperatures})

@@ -118,7 +118,8 @@ def make_plots(paths: Iterable[str | Path], out_dir: str | Path, where: tuple[st
     out.mkdir(parents=True, exist_ok=True)
     written = []
     tau = ("tau_vs_budget.png", plot_tau_vs_budget) if several_budgets(sd) else ("tau.png", plot_tau)
-    for name, plot in (tau, ("speedup.png", plot_speedup), ("accept_by_depth.png", plot_accept_by_depth)):
+    timed = ("speedup.png", plot_speedup) if "speedup_decode" in sd.columns else None  # replay rows: tau only
+    for name, plot in (p for p in (tau, timed, ("accept_by_depth.png", plot_accept_by_depth)) if p is not None):
         plot(sd, out / name)
         written.append(out / name)
     return written

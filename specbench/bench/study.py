@@ -10,6 +10,10 @@
 product over its axes; a study is the union of its grids, crossed with the study-wide axes (targets,
 datasets, max_new_tokens). The AR baseline of every target/sampling/length the grids use is added by
 the runner, so speed-ups are always measured against the same stack in the same run.
+
+`replay=True` measures tau alone by exact replay (T = 0, greedy verifier; `bench/replay.py`): one
+greedy reference per prompt, shared by every configuration, replayed through the engine's reference
+mode; no AR baseline, no timings of the decode loop. Much cheaper on many prompts.
 """
 
 from __future__ import annotations
@@ -134,6 +138,7 @@ class Study:
     dtype: str = "float32"
     attention: str = "auto"
     warmup_tokens: int = 8
+    replay: bool = False  # tau by exact replay instead of timed decoding (module docstring)
     table: TableSpec = field(default_factory=TableSpec)
     description: str = ""
 
@@ -156,6 +161,8 @@ class Study:
                 raise StudyError(f"study {self.name!r}: max_new_tokens must hold integers >= 1, got {m!r}")
         if not isinstance(self.warmup_tokens, int) or self.warmup_tokens < 0:
             raise StudyError(f"study {self.name!r}: warmup_tokens must be an integer >= 0, got {self.warmup_tokens!r}")
+        if not isinstance(self.replay, bool):
+            raise StudyError(f"study {self.name!r}: replay must be true or false, got {self.replay!r}")
         if not isinstance(self.table, TableSpec):
             raise StudyError(f"study {self.name!r}: table must be a TableSpec(...)")
 

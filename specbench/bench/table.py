@@ -44,6 +44,8 @@ def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
             df["round_ms"] = sum(df[f"{stage}_ms"] for stage in stages)
             if "verify_forward_ms" in df.columns:
                 df["overhead_frac"] = (df["round_ms"] - df["verify_forward_ms"]) / df["round_ms"].where(df["round_ms"] > 0)
+    if "baseline_key" not in df.columns:  # replay rows only: tau, no timings of the decode loop
+        return df
     ar = df[df["drafter"] == "ar"].set_index("key")
     base_decode = df["baseline_key"].map(ar["decode_tok_s"])
     base_e2e = df["baseline_key"].map(ar["e2e_tok_s"])

@@ -39,6 +39,18 @@ from specbench.trees.base import DraftTree, TreePolicy
 from specbench.verify.base import Acceptance, Randomness, VerifyResult
 
 
+@dataclass(eq=False)
+class TeacherForced:
+    """A request whose greedy continuation is known ahead (exact replay, the engine's reference mode):
+    `tokens` = prompt + continuation and the target's teacher-forced tapped states over them. The engine
+    then runs no target forward: verification follows `tokens` and `observe` gets these states at the
+    accepted nodes. A drafter may precompute from it (once per object: several trees and budgets are
+    replayed on one reference) what its drafting reads along `tokens`, if it then drafts the same trees."""
+
+    tokens: list[int]
+    hidden: dict[int, Tensor]  # tap -> [1, L, d] over tokens
+
+
 @dataclass
 class DraftState:
     """Committed tokens of one request (prompt + generated; tokens[-1] is the anchor) and settings.
@@ -55,6 +67,7 @@ class DraftState:
     want_draft_probs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     anchor_device: Tensor | None = None  # [1] int64 on the target's device, kept equal to tokens[-1] by the engine
+    reference: TeacherForced | None = None  # exact replay: the known continuation (tokens extends a prefix of it)
 
     @property
     def anchor(self) -> int:

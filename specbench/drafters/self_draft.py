@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from specbench.drafters import DRAFTERS
-from specbench.drafters.base import Drafter, DraftState
+from specbench.drafters.base import Drafter, DraftState, TeacherForced
 from specbench.models.decoder import ForwardOutput, KVCache
 from specbench.models.graphs import GraphedForward
 from specbench.models.target import TargetModel
@@ -24,7 +24,12 @@ class SelfDrafter(Drafter):
     accepted) in one pass. Under `chain` it then drafts one token per step, keeping each step's K/V
     (greedy by default; when the verifier reads draft probabilities, i.e. rejection sampling at T > 0,
     it samples from its processed law). Under a growing policy each depth's frontier runs with tree
-    attention over its root paths, as scratch K/V past the committed prefix."""
+    attention over its root paths, as scratch K/V past the committed prefix.
+
+    Exact replay of a greedy chain (state.reference): the chain drafted along the reference is, token for
+    token, the shallow model's teacher-forced argmax, up to and including the first token that differs
+    from the reference (the walk never reads past it). So one teacher-forced pass over the reference
+    (`reference_argmax`, once per reference) gives every round's chain, built only up to that token."""
 
     name = "self"
     policies = "growing"  # chain is drafted by a direct loop; other policies grow the tree
@@ -41,6 +46,7 @@ class SelfDrafter(Drafter):
         self.fed = 0  # committed tokens the draft cache holds (a prefix of state.tokens)
         self.appended = 0  # draft tokens appended after them in the last round
         self.graphs: GraphedForward | None = None  # the shallow model's steps on CUDA (1 or 2 tokens)
+        self.reference_argmax: tuple[TeacherForced, list[int]] | None = None  # exact replay: the last reference's
 
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         if self.cache is None or self.cache.max_seq_len < max_seq_len:
@@ -71,6 +77,8 @@ class SelfDrafter(Drafter):
         assert self.cache is not None, "begin() was not called"
         if policy.name != "chain":
             return self._grow(state, policy, budget)
+        if state.reference is not None and not state.want_draft_probs:
+            return self._reference_chain(state, state.reference, budget)
         dev = self.target.device
         pending = torch.tensor(state.tokens[self.fed:], dtype=torch.long, device=dev)
         logits = self._step(pending, self.fed)
@@ -90,6 +98,24 @@ class SelfDrafter(Drafter):
         self.appended = len(drafted) - 1
         probs = torch.stack(rows) if rows else None
         return DraftTree.chain(state.anchor, torch.cat(drafted), draft_probs=probs, device=dev)
+
+    def _reference_chain(self, state: DraftState, reference: TeacherForced, budget: int) -> DraftTree:
+        """The greedy chain at the anchor of a known sequence, cut after its first token off the sequence."""
+        if self.reference_argmax is None or self.reference_argmax[0] is not reference:
+            length = len(reference.tokens)
+            ids = torch.tensor([reference.tokens], device=self.target.device)
+            out = self.target.forward(ids, torch.arange(length, device=ids.device)[None],
+                                      self.target.new_cache(length, num_layers=self.layers), None, (),
+                                      num_layers=self.layers, kv_len=length)
+            self.reference_argmax = (reference, out.logits[0].argmax(-1).tolist())  # [L]: next token after each
+        predicted, seq = self.reference_argmax[1], reference.tokens
+        chain: list[int] = []
+        for pos in range(state.cache_len, min(state.cache_len + budget, len(seq))):
+            chain.append(predicted[pos])
+            if pos + 1 >= len(seq) or predicted[pos] != seq[pos + 1]:
+                break
+        self.appended = 0  # the draft cache is not used
+        return DraftTree.chain(state.anchor, chain, device=self.target.device)
 
     def _grow(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
         assert self.cache is not None

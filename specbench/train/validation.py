@@ -80,9 +80,8 @@ class Validator:
     def tau(self, trainer: "Trainer") -> dict[str, float]:
         """val/<label>/tau<budget>: mean tau per prompt at temperature 0 of each head (as it is now),
         by exact replay under its default tree policy."""
-        from specbench.bench.replay import HeadProposals, replay
+        from specbench.bench.replay import replay
         from specbench.drafters import DRAFTERS
-        from specbench.drafters.heads.parallel import ParallelHeadDrafter
         from specbench.trees import TREE_POLICIES
 
         if not self.tau_prompt_index or not self.tau_budgets:
@@ -100,11 +99,8 @@ class Validator:
                 continue
             policy = TREE_POLICIES.build(DEFAULT_TREES.get(obj.drafter, "ddtree"))
             taus: dict[int, list[float]] = {b: [] for b in self.tau_budgets}
-            for ref in refs:
-                proposals = None
-                if isinstance(drafter, ParallelHeadDrafter):
-                    proposals = HeadProposals(drafter, ref, top_k=max(self.tau_budgets))
-                for b in self.tau_budgets:
-                    taus[b].append(replay(drafter, ref, policy, b, self.tau_max_new_tokens, proposals=proposals).tau)
+            for ref in refs:  # the drafter's pass 1 along a reference is computed once for every budget
+                for b in sorted(self.tau_budgets, reverse=True):
+                    taus[b].append(replay(drafter, ref, policy, b, self.tau_max_new_tokens).tau)
             out.update({f"val/{name}/tau{b}": sum(v) / len(v) for b, v in taus.items()})
         return out

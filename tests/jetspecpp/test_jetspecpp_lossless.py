@@ -14,7 +14,6 @@ import torch
 
 from specbench.config import SamplingConfig, SpecConfig
 from specbench.drafters.base import DraftState
-from specbench.drafters.heads.drafter import head_logp
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 from specbench.engine import SpecDecoder
@@ -24,6 +23,16 @@ from specbench.verify.exact import enumerate_outcomes
 from specbench.verify.sampling import process_logits
 
 from jetspecpp_helpers import random_parts, tiny_exact_target
+
+
+def block_logp_from_context(head, target, ctx_kv, tokens, is_mask, depth, within):
+    """The head's uncached forward over one block against context K/V of n positions (all visible):
+    tokens, is_mask, depth [Q] (positions n + depth), within [Q, Q] -> log-probs [Q, V]; an
+    independent path from the drafter's cached `run_block`."""
+    model, n, q = target.model, ctx_kv[0][0].shape[2], tokens.shape[0]
+    mask = torch.cat([torch.ones(q, n, dtype=torch.bool, device=within.device), within], dim=1)[None]
+    hidden = head(head.embed_block(tokens[None], is_mask[None], model), (n + depth)[None], ctx_kv, mask, model)[0]
+    return torch.log_softmax(head.logits(hidden, model.lm_head.weight).float(), dim=-1)
 
 PROMPT = [1, 3, 0, 2]
 NEW_TOKENS = 3
@@ -109,12 +118,12 @@ def test_draft_law_is_the_law_the_final_tokens_were_drawn_from() -> None:
     # the independent computation of the last pass's law
     state = DraftState(tokens=PROMPT + [anchor], prompt_len=n, sampling=sampling, draft_rng=EnumeratingRandomness())
     drafter.begin(state, prefill, 32)  # writes the prompt's context K/V
-    ctx = drafter.context_kv()
+    ctx = [(drafter.cache.k[i, :, :, :n], drafter.cache.v[i, :, :, :n]) for i in range(drafter.head.config.num_layers)]
     depth, within = torch.arange(BLOCK), block_pattern(BLOCK, "block-causal")
     inputs = torch.full((BLOCK,), anchor)
     mask_in = torch.arange(BLOCK) > 0
     for _ in range(1 + 2):  # J0 (MASK inputs), then the two token passes
-        logp = head_logp(drafter.head, target, ctx, inputs, mask_in, depth, within)[1:]
+        logp = block_logp_from_context(drafter.head, target, ctx, inputs, mask_in, depth, within)[1:]
         inputs = torch.cat([torch.tensor([anchor]), logp.max(-1).indices])
         mask_in = torch.zeros(BLOCK, dtype=torch.bool)
     torch.testing.assert_close(q, process_logits(logp, sampling), atol=1e-12, rtol=0)

@@ -72,7 +72,7 @@ def readme_components() -> str:
 
 NEW = ["last-match", "beams", "period", "accept-first", "liar"]  # the registered names of the new components
 SUITES = ["tests/verify/test_verify_exact.py", "tests/verify/test_verify_engine.py", "tests/trees/test_trees_invariants.py",
-          "tests/trees/test_trees_grow.py", "tests/spine/test_lossless_greedy.py"]
+          "tests/trees/test_trees_grow.py", "tests/spine/test_lossless_greedy.py", "tests/heads/test_replay.py"]
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +121,9 @@ def test_the_generic_suites_pick_up_each_new_component(suite_outcomes: dict[str,
     assert {"period-chain", "period-ddtree", "period-beams", "dflash-beams"} <= greedy
     assert "self-beams" not in greedy  # self grows its trees; beams cannot
     assert "ngram-beams" not in greedy  # ngram names the policies whose select suits its trie
+    replayed = {n.partition("[")[2].rpartition("-")[0] for n in suite_outcomes
+                if n.startswith("test_replay_equals_decoding_for_every_drafter")}
+    assert replayed == greedy  # exact replay equals the real loop for the same (drafter, policy) pairs
     lossy = picked(suite_outcomes, "accept-first")
     assert set(lossy) == {"test_engine_refuses_a_lossy_verifier_unless_allowed[accept-first]",
                           "test_next_token_gap_agrees_with_ar_law_comparison[accept-first]"}  # no proof for a lossy rule

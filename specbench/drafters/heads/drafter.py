@@ -41,19 +41,6 @@ def load_trained_head(drafter: str, target: TargetModel, checkpoint: str | Path 
     return head
 
 
-def head_logp(head: DraftHead, target: TargetModel, ctx_kv: list[tuple[Tensor, Tensor]], tokens: Tensor,
-              is_mask: Tensor, depth: Tensor, within: Tensor) -> Tensor:
-    """One head pass of a single block/tree against context K/V of n positions (all visible):
-    tokens, is_mask, depth [Q] (positions n + depth), within [Q, Q] -> log-probs [Q, V] (fp32)."""
-    model = target.model
-    n = ctx_kv[0][0].shape[2]
-    q = tokens.shape[0]
-    mask = torch.cat([torch.ones(q, n, dtype=torch.bool, device=within.device), within], dim=1)[None]
-    x = head.embed_block(tokens[None], is_mask[None], model)
-    hidden = head(x, (n + depth)[None], ctx_kv, mask, model)[0]  # [Q, d]
-    return torch.log_softmax(head.logits(hidden, model.lm_head.weight).float(), dim=-1)
-
-
 def random_head(drafter: str, attention: str, clean_next: bool, target: TargetModel, seed: int = 0) -> DraftHead:
     """An untrained head with the trainer's default shape (one layer, three taps, block 16)."""
     cfg = HeadConfig(drafter=drafter, taps=default_taps(target.config.num_layers, 3), attention=attention,
@@ -138,12 +125,6 @@ class HeadDrafter(Drafter):
         acc = result if isinstance(result, Acceptance) else Acceptance.from_result(result, tree.num_nodes, self.target.device)
         rows = acc.path[: self.max_path].clamp(min=0)
         self.write_context(self._features(target_out.hidden, rows), acc.count)
-
-    def context_kv(self) -> list[tuple[Tensor, Tensor]]:
-        """The cached context K/V per draft layer: [1, Hkv, n, D] views (a host read of n)."""
-        assert self.cache is not None
-        n = self.context_len
-        return [(self.cache.k[i, :, :, :n], self.cache.v[i, :, :, :n]) for i in range(self.head.config.num_layers)]
 
     def run_block(self, state: DraftState, tokens: Tensor, is_mask: Tensor, depth: Tensor, within: Tensor) -> Tensor:
         """One head pass over Q block inputs (tokens, is_mask [Q], depth [Q] below the anchor) with the

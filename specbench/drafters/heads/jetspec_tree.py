@@ -11,8 +11,6 @@ level below the leaves included), and the policy's `select` keeps the best `budg
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import Tensor
 
@@ -84,7 +82,7 @@ class JetSpecTreeDrafter(ParallelHeadDrafter):
         if state.want_draft_probs:
             return super().phases(state, policy, budget)
         anchor = state.anchor_on(self.target.device)
-        return [("draft", lambda _: DepthScores(anchor, self.block_logp(state))),  # pass 1: [D, V]
+        return [("draft", lambda _: DepthScores(anchor, self.pass1(state, self.candidates or budget))),  # pass 1: [D, V]
                 ("tree", lambda scores: self.candidate_tree(scores, policy, budget)),
                 ("draft", lambda cands: (cands, self.path_logp(state, cands))),  # pass 2: [N, V]
                 ("tree", lambda pair: self.reselect(pair[0], pair[1], policy, budget))]
@@ -100,12 +98,3 @@ class JetSpecTreeDrafter(ParallelHeadDrafter):
     def reselect(self, candidates: DraftTree, node_logp: Tensor, policy: TreePolicy, budget: int) -> DraftTree:
         """Candidates rescored by pass 2's path-conditioned log-probs, extended, and cut to `budget`."""
         return policy.select(rescore_tree(candidates, node_logp, self.extend, max_depth=self.block_size), budget)
-
-    def tree_from_scores(self, scores: DepthScores, policy: TreePolicy, budget: int,
-                         state: DraftState | None = None,
-                         path_logp: Callable[[DraftTree], Tensor] | None = None) -> DraftTree:
-        """Both passes' tree. pass 2 runs on the drafter's cache (`state`) unless `path_logp` gives it
-        (the replay evaluator's own context)."""
-        cands = self.candidate_tree(scores, policy, budget)
-        node_logp = path_logp(cands) if path_logp is not None else self.path_logp(state, cands)  # type: ignore[arg-type]
-        return self.reselect(cands, node_logp, policy, budget)
