@@ -37,6 +37,15 @@ most likely verification outcomes while the block is verified (the engine's `for
 CUDA stream), keeps them in a speculation cache and, when the verified outcome is among them, takes
 that block as the next tree without drafting on the critical path.
 
+The device round (`capturable`: foresight off, the draft model on the target's device, a capturable
+policy, T = 0): every step after `begin` is tensor ops of static shape with no host read, so the GPU
+round captures the drafter's phases ("draft": J0, refreshes, J passes; "tree": policy.build) and its
+`observe` in CUDA graphs. The anchor is the engine's device buffer; `observe` writes the draft cache,
+the adapter's context cache of the top tap, the decoder's upper-layer K/V (and the stale buffer or
+the oracle's cache) from the `Acceptance` rows padded to max_path, every length on the device
+(`device_states.DeviceStates`). Foresight, another draft device, or host=true run the host round
+(the reference): committed states queued and synced into host-sized caches before each read.
+
 drafter_args: checkpoint (a jetspec++ directory, or a plain jetspec head: refinement without an
 adapter, JetSpec++ Table 12), block_size, J (refinement passes, default 1), R (context refreshes,
 0..J, default 1), replace (anchor replacement, default true), states (predicted | stale | true);
@@ -44,7 +53,8 @@ foresight (off | on | score: select and record but draft nothing ahead), B (outc
 default 16), select (top | threshold | ssd), scores (decoder | draft: whose rows rank outcomes), lam
 (the threshold rule's λ), calibration (a per-depth temperature file from scripts/foresight_hits.py;
 none = uncalibrated), fanout_ratio (ssd), draft_device (default: the target's), pipeline (auto |
-sequential | concurrent), record (keep a `RoundRecord` per round for the offline evaluator).
+sequential | concurrent), record (keep a `RoundRecord` per round for the offline evaluator); host
+(true: the host round even where the device round could run).
 """
 
 from __future__ import annotations
