@@ -20,27 +20,14 @@ from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 from specbench.drafters.jetspecpp.model import load_jetspecpp
 from specbench.engine import SpecDecoder
 
+from cuda_cases import MAX_SEQ_LEN, check_graphed_equals_eager
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 JETSPEC_HEAD = "specbench/heads/jetspec-smollm2-135m"
 TRAINED = os.environ.get("SPECBENCH_JETSPECPP_HEAD")
-PROMPTS = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-           "How many clips did she sell altogether?", "Write a Python function that returns the n-th prime."]
 CASES = [("predicted", 2, 2, True, "chain", 15), ("predicted", 1, 1, False, "ddtree", 32),
          ("predicted", 3, 1, True, "ddtree-vec", 24), ("stale", 2, 1, True, "ddtree", 32), ("true", 1, 1, True, "chain", 15)]
-
-
-@pytest.fixture(scope="module")
-def target():
-    from specbench.models import load_target
-
-    return load_target(None, device="cuda", dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def ar_tokens(target):
-    ar = SpecDecoder(target, SpecConfig(), max_seq_len=768, cuda_graphs=False)
-    return [ar.generate(target.encode_chat(p), 96).tokens for p in PROMPTS]
 
 
 def parts(target, trained: bool):  # type: ignore[no-untyped-def]
@@ -60,12 +47,6 @@ def parts(target, trained: bool):  # type: ignore[no-untyped-def]
     return head, adapter
 
 
-def rounds(decoder: SpecDecoder, target, ids: list[int]):  # type: ignore[no-untyped-def]
-    seen: list = []
-    res = decoder.generate(ids, 96, on_round=lambda n, t, r: seen.append((t.tokens.tolist(), t.parents.tolist())))
-    return res.tokens, seen
-
-
 @pytest.mark.parametrize("trained", [False] + ([True] if TRAINED else []), ids=lambda t: "trained" if t else "jetspec-head")
 @pytest.mark.parametrize("states,J,R,replace,tree,budget", CASES, ids=[f"{c[0]}-J{c[1]}R{c[2]}{'' if c[3] else '-norep'}-{c[4]}"
                                                                      for c in CASES])
@@ -73,15 +54,7 @@ def test_graphed_device_round_equals_eager_and_ar(target, ar_tokens, trained, st
     head, adapter = parts(target, trained)
     spec = SpecConfig(drafter="jetspec++", tree=tree, budget=budget)
     make = lambda: JetSpecPPDrafter(target, head=head, adapter=adapter, J=J, R=R, replace=replace, states=states)  # noqa: E731
-    graphed = SpecDecoder(target, spec, max_seq_len=768, drafter=make())
-    eager = SpecDecoder(target, spec, max_seq_len=768, drafter=make(), cuda_graphs=False)
-    assert graphed.device_drafting and graphed.cuda_graphs and graphed.lookahead
-    for text, want in zip(PROMPTS, ar_tokens):
-        ids = target.encode_chat(text)
-        for _ in range(2):  # the second request replays the graphs captured in the first
-            g_tokens, g_trees = rounds(graphed, target, ids)
-            e_tokens, e_trees = rounds(eager, target, ids)
-            assert g_trees == e_trees, "the graphed round drafted other trees than the eager one"
-            assert g_tokens == e_tokens == want, "diverged from AR greedy"
-        assert graphed.generate(ids, 96).tokens == want  # with lookahead (no on_round hook)
-    assert graphed._graphs is not None, "the round was never captured"
+    graphed = SpecDecoder(target, spec, max_seq_len=MAX_SEQ_LEN, drafter=make())
+    eager = SpecDecoder(target, spec, max_seq_len=MAX_SEQ_LEN, drafter=make(), cuda_graphs=False)
+    assert graphed.device_drafting and graphed.lookahead
+    check_graphed_equals_eager(target, graphed, eager, ar_tokens)

@@ -11,23 +11,14 @@ import torch
 from specbench.config import SpecConfig
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
-from specbench.engine import SpecDecoder, ar_decoder
+from specbench.engine import SpecDecoder
 from specbench.models.decoder import ForwardOutput
 from specbench.trees.base import DraftTree
 from specbench.verify.base import VerifyResult
 
 from host_reads import no_host_reads
-from jetspecpp_helpers import begun, random_parts
+from jetspecpp_helpers import GRID, NEW, PROMPTS, begun, random_parts
 
-PROMPTS = [[5, 17, 33, 2, 90, 41], [88, 3, 14, 15, 92, 65, 35, 89, 79]]
-NEW = 32
-GRID = [(j, r, rep) for j in range(4) for r in range(j + 1) for rep in ((True, False) if r else (True,))]
-
-
-@pytest.fixture(scope="module")
-def ar_tokens(tiny):
-    decoder = ar_decoder(tiny, max_seq_len=160)
-    return [decoder.generate(p, NEW).tokens for p in PROMPTS]
 
 
 def rounds(tiny, drafter, tree: str, budget: int, check=None):  # type: ignore[no-untyped-def]
