@@ -10,7 +10,7 @@ What each `states` setting keeps, besides the decoder's upper-layer K/V (`SliceD
   stale      per kept tap, the newest committed position's state (a buffer, gathered at count - 1)
   true       a target KV cache of the committed tokens (the oracle; layers up to the top tap run)
 
-The host path (round=host, foresight, another draft device) keeps its own queue-and-sync caches
+The host round (host=true, foresight, another draft device) keeps its own queue-and-sync caches
 (`adapter.ContextCache`, `SliceDecoder.extend`) in the drafter; this file is the device twin.
 """
 

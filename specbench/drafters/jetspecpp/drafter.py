@@ -203,8 +203,8 @@ class JetSpecPPDrafter(HeadDrafter):
         self.request = state
         if not self.tracks_states:
             return
-        if self.on_device:
-            return self._begin_device(state, prefill, max_seq_len)
+        if self.on_device:  # only the refreshes read block states there
+            return self._begin_device(state, prefill, max_seq_len) if self.R > 0 else None
         slots = max_seq_len + self.block_size  # block reads write after the committed positions
         if self.decoder is None or self.decoder.cache.max_seq_len < slots:
             self.decoder = SliceDecoder(self.target, self.top, slots)
@@ -229,6 +229,12 @@ class JetSpecPPDrafter(HeadDrafter):
         n = prefill.hidden[self.top].shape[1]
         tokens = torch.tensor(state.tokens[:n], dtype=torch.long, device=self.target.device)
         self.device_states.commit(prefill.hidden, tokens, torch.full((1,), n, dtype=torch.long, device=tokens.device), n)
+
+    def _device_states(self) -> DeviceStates:
+        if self.device_states is None:
+            raise RuntimeError("the device round keeps block states only with R > 0 (the refreshes read them) and after "
+                               "begin(); pass drafter_args host=true to read them otherwise")
+        return self.device_states
 
     def _kv_len(self, state: DraftState, q: int) -> int:
         """Slots a device-round pass over q new rows reads: on the CPU only the filled ones (the
@@ -296,8 +302,8 @@ class JetSpecPPDrafter(HeadDrafter):
         """States [1, Q, d] per tap of block/tree rows `tokens` [Q] at positions committed + depth,
         within-block mask [Q, Q]: predicted by the adapter, stale, or true (the `states` setting)."""
         taps = tuple(self.taps) if taps is None else taps
-        if self.device_states is not None:
-            return self.device_states.block(tokens, depth, within, taps, self._kv_len(state, tokens.shape[0]))
+        if self.on_device:
+            return self._device_states().block(tokens, depth, within, taps, self._kv_len(state, tokens.shape[0]))
         self._sync_states(state)
         n, q = state.cache_len, tokens.shape[0]
         positions = (n + depth)[None]
@@ -314,8 +320,8 @@ class JetSpecPPDrafter(HeadDrafter):
     @torch.no_grad()
     def decoder_logits(self, state: DraftState, tokens: Tensor, depth: Tensor, within: Tensor) -> Tensor:
         """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j)."""
-        if self.device_states is not None:
-            return self.device_states.decoder_logits(tokens, depth, within, self._kv_len(state, tokens.shape[0]))
+        if self.on_device:
+            return self._device_states().decoder_logits(tokens, depth, within, self._kv_len(state, tokens.shape[0]))
         h_top = self.block_states(state, tokens, depth, within, taps=(self.top,))[self.top]
         return self.decoder.read(h_top, depth, within)
 
