@@ -11,7 +11,9 @@ with a foresight pass before them), tau on hit and on miss rounds, and per round
 wall time / rounds), verify time (the verify forward's CUDA-event time) and exposed time = round -
 verify, plus every stage's mean (stage_NAME_ms; stage_foresight_ms is the host time launching the pass). Each configuration is warmed up once (CUDA graphs are captured
 there). `--draft-device cuda:1` puts jetspec++'s draft model on a second GPU (issue 17); `--head` may
-be a plain jetspec head with `--states stale|true` when no jetspec++ head exists.
+be a plain jetspec head with `--states stale|true` when no jetspec++ head exists. "jetspec++ critical"
+is the device round (CUDA-graphed, docs/jetspecpp.md); `--configs ...,jetspec++ host` adds the
+host-driven round (drafter_args host=true) beside it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def configs(args: argparse.Namespace) -> dict[str, dict]:
     out = {"ar": {"drafter": None},
            "dflash": {"drafter": "dflash", "tree": policy, "budget": budget},
            "jetspec": {"drafter": "jetspec", "tree": policy, "budget": budget},
+           "jetspec++ host": {"drafter": "jetspec++", "tree": policy, "budget": budget, "args": dict(jpp, host=True)},
            "jetspec++ critical": {"drafter": "jetspec++", "tree": policy, "budget": budget, "args": jpp},
            "jetspec++ pipelined": {"drafter": "jetspec++", "tree": policy, "budget": budget, "args": piped}}
     return {k: v for k, v in out.items() if k in args.configs.split(",")}
@@ -88,7 +91,8 @@ def main() -> int:
     p.add_argument("--calibration", default=None, help="calibration.json from scripts/foresight_hits.py")
     p.add_argument("--draft-device", default=None, help="jetspec++'s draft model on another device (e.g. cuda:1)")
     p.add_argument("--tree", default="chain:16", help="POLICY:BUDGET for every drafter")
-    p.add_argument("--configs", default="ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined")
+    p.add_argument("--configs", default="ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined",
+                   help="comma-separated, of: ar, dflash, jetspec, jetspec++ host, jetspec++ critical, jetspec++ pipelined")
     p.add_argument("--datasets", default="gsm8k,math500")
     p.add_argument("--n", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=256)

@@ -13,35 +13,22 @@ from specbench.config import SpecConfig
 from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 from specbench.engine import SpecDecoder
 
+from cuda_cases import MAX_SEQ_LEN, NEW, PROMPTS
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 HEAD = "specbench/heads/jetspec-smollm2-135m"
-PROMPTS = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-           "How many clips did she sell altogether?", "Write a Python function that returns the n-th prime."]
-
-
-@pytest.fixture(scope="module")
-def target():
-    from specbench.models import load_target
-
-    return load_target(None, device="cuda", dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def ar_tokens(target):
-    ar = SpecDecoder(target, SpecConfig(), max_seq_len=768, cuda_graphs=False)
-    return [ar.generate(target.encode_chat(p), 96).tokens for p in PROMPTS]
 
 
 def run(target, pipeline: str, draft_device: str | None, states: str, tree: str, budget: int):  # type: ignore[no-untyped-def]
     drafter = JetSpecPPDrafter(target, checkpoint=HEAD, J=1, R=1, states=states, foresight="on", B=16,
                                pipeline=pipeline, draft_device=draft_device)
-    decoder = SpecDecoder(target, SpecConfig(drafter="jetspec++", tree=tree, budget=budget), max_seq_len=768,
+    decoder = SpecDecoder(target, SpecConfig(drafter="jetspec++", tree=tree, budget=budget), max_seq_len=MAX_SEQ_LEN,
                           drafter=drafter)
     tokens, trees = [], []
     for text in PROMPTS:
         seen: list = []
-        res = decoder.generate(target.encode_chat(text), 96,
+        res = decoder.generate(target.encode_chat(text), NEW,
                                on_round=lambda n, t, r: seen.append((t.tokens.tolist(), t.parents.tolist())))
         tokens.append(res.tokens)
         trees.append(seen)

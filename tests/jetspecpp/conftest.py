@@ -1,5 +1,5 @@
 """Fixtures for the jetspec++ tests: the tiny random target (two layers: tap 0 leaves layer 1 to the
-training-free decoder) and a jetspec++ head + adapter trained on it for a few steps (so drafts get
+training-free decoder), AR's tokens of the shared prompts, and a jetspec++ head + adapter trained on it for a few steps (so drafts get
 accepted and refreshes change tokens)."""
 
 from __future__ import annotations
@@ -9,10 +9,21 @@ import torch
 
 from specbench.models import load_target
 
+from jetspecpp_helpers import NEW, PROMPTS
+
 
 @pytest.fixture(scope="session")
 def tiny():
     return load_target("random:tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def ar_tokens(tiny):
+    """AR's greedy tokens of PROMPTS on the tiny target (what greedy SD must emit)."""
+    from specbench.engine import ar_decoder
+
+    decoder = ar_decoder(tiny, max_seq_len=160)
+    return [decoder.generate(p, NEW).tokens for p in PROMPTS]
 
 
 @pytest.fixture(scope="session")

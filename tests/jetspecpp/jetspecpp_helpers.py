@@ -13,6 +13,10 @@ from specbench.models.loader import build_model
 from specbench.models.target import TargetModel
 from specbench.verify.base import TorchRandomness
 
+PROMPTS = [[5, 17, 33, 2, 90, 41], [88, 3, 14, 15, 92, 65, 35, 89, 79]]  # decoded on the tiny target
+NEW = 32  # tokens per request
+GRID = [(j, r, rep) for j in range(4) for r in range(j + 1) for rep in ((True, False) if r else (True,))]  # (J, R, replace)
+
 
 def random_parts(target: TargetModel, taps=(0,), block_size: int = 6, adapter_layers: int = 1, seed: int = 0,
                  attention: str = "block-causal") -> tuple[DraftHead, StateAdapter]:

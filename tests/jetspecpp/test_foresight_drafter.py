@@ -14,19 +14,11 @@ from specbench.config import SpecConfig
 from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 from specbench.drafters.jetspecpp.pipeline import Pipeline, target_copy
-from specbench.engine import SpecDecoder, ar_decoder
+from specbench.engine import SpecDecoder
 
-from jetspecpp_helpers import random_parts
+from jetspecpp_helpers import NEW, PROMPTS, random_parts
 
-PROMPTS = [[5, 17, 33, 2, 90, 41], [88, 3, 14, 15, 92, 65, 35, 89, 79]]
-NEW = 32
 RULES = [{}, {"select": "threshold", "lam": 0.02}, {"select": "ssd"}, {"scores": "draft"}]
-
-
-@pytest.fixture(scope="module")
-def ar_tokens(tiny):
-    decoder = ar_decoder(tiny, max_seq_len=160)
-    return [decoder.generate(p, NEW).tokens for p in PROMPTS]
 
 
 def drafter_from(tiny, trained_jpp, **kw) -> JetSpecPPDrafter:  # type: ignore[no-untyped-def]

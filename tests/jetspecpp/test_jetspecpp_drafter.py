@@ -12,19 +12,10 @@ from specbench.config import SpecConfig
 from specbench.drafters import DRAFTERS
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
-from specbench.engine import SpecDecoder, ar_decoder
+from specbench.engine import SpecDecoder
 
-from jetspecpp_helpers import begun, random_parts
+from jetspecpp_helpers import GRID, NEW, PROMPTS, begun, random_parts
 
-PROMPTS = [[5, 17, 33, 2, 90, 41], [88, 3, 14, 15, 92, 65, 35, 89, 79]]
-NEW = 32
-GRID = [(j, r, rep) for j in range(4) for r in range(j + 1) for rep in ((True, False) if r else (True,))]
-
-
-@pytest.fixture(scope="module")
-def ar_tokens(tiny):
-    decoder = ar_decoder(tiny, max_seq_len=160)
-    return [decoder.generate(p, NEW).tokens for p in PROMPTS]
 
 
 def drafter_from(tiny, trained_jpp, **kw) -> JetSpecPPDrafter:

@@ -59,7 +59,7 @@ def test_adapter_context_cache_matches_one_batched_pass(tiny) -> None:
     """Context written in pieces (prefill, then accepted paths) = the batched projection; predicted
     block states equal a block pass against the batched context."""
     head, adapter = random_parts(tiny, taps=(0, 1))
-    drafter = JetSpecPPDrafter(tiny, head=head, adapter=adapter, J=1, R=1)
+    drafter = JetSpecPPDrafter(tiny, head=head, adapter=adapter, J=1, R=1, host=True)  # the host round's caches
     state = begun(tiny, drafter, SEQ[:4], SEQ[4])
     full = tiny.forward(torch.tensor([SEQ]), torch.arange(len(SEQ))[None], tiny.new_cache(32), None, (0, 1))
     from specbench.models.decoder import ForwardOutput

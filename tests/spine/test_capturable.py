@@ -12,6 +12,8 @@ from specbench.drafters.eagle3.drafter import Eagle3Drafter
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig
 from specbench.drafters.heads.jetspec_tree import JetSpecTreeDrafter
 from specbench.drafters.heads.parallel import DFlashDrafter, JetSpecDrafter
+from specbench.drafters.jetspecpp.adapter import AdapterConfig, StateAdapter
+from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 from specbench.engine import SpecDecoder
 from specbench.models import load_target
 
@@ -31,6 +33,20 @@ def _head_drafter(target, cls, attention: str, clean_next: bool = False):
     return cls(target, head=DraftHead(target.config, cfg).init_weights(target.model, seed=2))
 
 
+def _jetspecpp(target, states: str):
+    """jetspec++ with J=2 refinement passes, both refreshed, anchor replacement, taps (0, 1) (layer 2 is
+    the decoder's); the adapter's read-outs perturbed so its predictions vary."""
+    head = DraftHead(target.config, HeadConfig(drafter="jetspec++", taps=(0, 1), num_layers=1, block_size=6,
+                                               attention="block-causal")).init_weights(target.model, seed=2)
+    adapter = StateAdapter(target.config, AdapterConfig(taps=(0, 1), layers=(1, 1), block_size=6))
+    adapter.init_weights(target.model, seed=2)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for t in (0, 1):
+            adapter.tap(t).out.weight.copy_(0.3 * torch.randn(adapter.tap(t).out.weight.shape, generator=g))
+    return JetSpecPPDrafter(target, head=head, adapter=adapter, J=2, R=2, states=states)
+
+
 def _drafter(target, name: str):
     if name == "dflash":
         return _head_drafter(target, DFlashDrafter, "bidirectional")
@@ -40,17 +56,21 @@ def _drafter(target, name: str):
         return _head_drafter(target, JetSpecTreeDrafter, "block-causal", clean_next=True)
     if name == "eagle3":
         return Eagle3Drafter(target, random_init=True, draft_vocab=48, seed=1)
+    if name is not None and name.startswith("jetspec++"):  # jetspec++:STATES (default predicted)
+        return _jetspecpp(target, name.partition(":")[2] or "predicted")
     return None
 
 
 CASES = [(None, "chain", 1), ("dflash", "ddtree-vec", 12), ("dflash", "chain", 4), ("jetspec", "eagle2", 8),
-         ("jetspec-tree", "ddtree-vec", 8), ("eagle3", "eagle2", 10), ("eagle3", "chain", 4)]
+         ("jetspec-tree", "ddtree-vec", 8), ("eagle3", "eagle2", 10), ("eagle3", "chain", 4),
+         ("jetspec++", "chain", 5), ("jetspec++", "ddtree-vec", 10), ("jetspec++:stale", "chain", 4),
+         ("jetspec++:true", "ddtree-vec", 8)]
 
 
 @pytest.mark.parametrize("drafter, tree, budget", CASES, ids=[f"{d}/{t}/{b}" for d, t, b in CASES])
 def test_captured_stages_read_nothing_back(tiny, drafter, tree, budget) -> None:
     ar = SpecDecoder(tiny, SpecConfig(), max_seq_len=128)
-    spec = SpecConfig(drafter=drafter, tree=tree, budget=budget)
+    spec = SpecConfig(drafter=drafter and drafter.partition(":")[0], tree=tree, budget=budget)
     decoder = SpecDecoder(tiny, spec, max_seq_len=128, drafter=_drafter(tiny, drafter), capture_check=no_host_reads)
     assert decoder.device_drafting, "this configuration is meant to be capturable"
     for prompt in PROMPTS:
@@ -69,6 +89,11 @@ def test_the_checker_catches_a_host_read() -> None:
         x[x > 1]
     with no_host_reads(), pytest.raises(HostRead):
         x[x.argmax()]  # a 0-d index tensor becomes a Python int
+    with torch.inference_mode():  # the decode loop's mode, where scalar reads bypass the dispatch mode
+        y = torch.arange(4)
+        for read in (lambda: int(y.sum()), lambda: y.sum().item(), lambda: bool(y[0] == 0), lambda: float(y.sum())):
+            with no_host_reads(), pytest.raises(HostRead):
+                read()
     with no_host_reads():
         (x * 2).sum()  # device work is fine
         x[x.argmax().view(1)]

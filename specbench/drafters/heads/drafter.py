@@ -21,7 +21,7 @@ from specbench.drafters.base import Drafter, DraftState, Weights
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig, default_taps
 from specbench.drafters.heads.checkpoint import HeadCheckpointError, default_head_dir, load_head, train_hint
 from specbench.drafters.heads.masks import block_pattern
-from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache
+from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache, Transformer
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree
 from specbench.verify.base import Acceptance, VerifyResult
@@ -39,6 +39,15 @@ def load_trained_head(drafter: str, target: TargetModel, checkpoint: str | Path 
     head = DraftHead(target.config, HeadConfig.from_dict(config))
     head.load_state_dict(state)
     return head
+
+
+def write_committed(head: DraftHead, cache: KVCache, features: Tensor, count: Tensor, model: Transformer) -> None:
+    """Context K/V of features [1, L, m*d] of the next L committed positions, of which the first count [1]
+    are real, into `cache` (a KV-injection head's: the draft head's, or a jetspec++ adapter module's):
+    slots len .. len+L-1 (the rest land past the new length, free), then len += count. No host read."""
+    positions = cache.lengths[:, None] + torch.arange(features.shape[1], device=features.device)
+    head.write_context(features, positions, cache, model)
+    cache.advance_device(count)
 
 
 def random_head(drafter: str, attention: str, clean_next: bool, target: TargetModel, seed: int = 0) -> DraftHead:
@@ -112,12 +121,10 @@ class HeadDrafter(Drafter):
         self.write_context(features, torch.full((1,), n, dtype=torch.long, device=features.device))
 
     def write_context(self, features: Tensor, count: Tensor) -> None:
-        """Features [1, L, m*d] of the next L committed positions, of which the first count [1] are real:
-        their K/V go to slots len .. len+L-1 (the rest land past the new length, free) and len += count."""
+        """Features [1, L, m*d] of the next L committed positions, of which the first count [1] are real
+        (`write_committed` into the draft cache)."""
         assert self.cache is not None, "begin() was not called"
-        positions = self.cache.lengths[:, None] + torch.arange(features.shape[1], device=features.device)
-        self.head.write_context(features, positions, self.cache, self.target.model)
-        self.cache.advance_device(count)
+        write_committed(self.head, self.cache, features, count, self.target.model)
 
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """The verify pass's accepted nodes (root first) are the next committed positions: write their

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig
 from specbench.models.config import ModelConfig
-from specbench.models.decoder import KVCache, Transformer
+from specbench.models.decoder import AttentionMeta, KVCache, Transformer
 from specbench.models.target import TargetModel
 
 
@@ -94,6 +94,15 @@ class TapAdapter(nn.Module):
         """tokens, positions [B, Q]; mask [B, Q, C + Q] (context ; block) -> predicted states [B, Q, d]."""
         x = self.net.embed_block(tokens, torch.zeros_like(tokens, dtype=torch.bool), model)
         y = self.net(x, positions, ctx_kv, mask, model)
+        return self.mean + self.scale * self.out(y)
+
+    def forward_cached(self, tokens: Tensor, positions: Tensor, cache: KVCache, meta: AttentionMeta,
+                       model: Transformer) -> Tensor:
+        """`forward` against a context cache written by `write_committed` (the device round): tokens,
+        positions [1, Q]; meta over the cache (block K/V in the scratch slots past its length) ->
+        predicted states [1, Q, d]. No host read."""
+        x = self.net.embed_block(tokens, torch.zeros_like(tokens, dtype=torch.bool), model)
+        y = self.net.forward_cached(x, positions, cache, meta, model)
         return self.mean + self.scale * self.out(y)
 
 

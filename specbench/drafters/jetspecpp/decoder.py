@@ -7,7 +7,8 @@ true top-tap state is run once through the upper layers (`extend`), which writes
 target's own forward holds at those layers (the upper layers see the context only through them). A
 block read (`read`) runs the block's states at positions committed + depth with the given
 within-block mask; its K/V go to the free slots after the committed ones and are never kept (the
-next extend or read overwrites them), so the cache needs `block_size` spare slots.
+next extend or read overwrites them), so the cache needs `block_size` spare slots. `write` is
+`extend` for the device round: the accepted rows padded to a fixed count, the length on the device.
 """
 
 from __future__ import annotations
@@ -39,38 +40,55 @@ class SliceDecoder:
     def reset(self) -> None:
         self.cache.reset()
 
-    def _run(self, h: Tensor, positions: Tensor, within: Tensor) -> Tensor:
-        """h [1, Q, d] at positions [1, Q] with within-block mask [Q, Q] -> last layer's output [1, Q, d]."""
+    def _run(self, h: Tensor, positions: Tensor, within: Tensor, kv_len: int) -> Tensor:
+        """h [1, Q, d] at positions [1, Q] with within-block mask [Q, Q], reading `kv_len` cache slots ->
+        last layer's output [1, Q, d]; the rows' K/V go to slots length .. length+Q-1."""
         q = h.shape[1]
-        if self.length + q > self.cache.max_seq_len:
-            raise RuntimeError(f"decoder cache overflow: {self.length + q} > {self.cache.max_seq_len} slots")
         cos, sin = self.model.rope(positions)
         slots = self.cache.lengths[:, None] + torch.arange(q, device=h.device)  # [1, Q]
-        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=within[None], kv_len=self.length + q)
+        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=within[None], kv_len=kv_len)
         x = h.to(self.model.embed.weight.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, self.cache.k[i], self.cache.v[i], slots, meta, sdpa_attention)
         return x
+
+    def _host_kv_len(self, q: int) -> int:
+        """Slots a host-driven call over q rows reads (a host read of the length), checked."""
+        if self.length + q > self.cache.max_seq_len:
+            raise RuntimeError(f"decoder cache overflow: {self.length + q} > {self.cache.max_seq_len} slots")
+        return self.length + q
 
     def extend(self, h_top: Tensor) -> None:
         """Append committed positions: their true top-tap states h_top [1, k, d] (causal)."""
         k = h_top.shape[1]
         if k == 0:
             return
-        start = self.length
-        positions = torch.arange(start, start + k, device=h_top.device)[None]
-        causal = torch.ones(k, k, dtype=torch.bool, device=h_top.device).tril_()
         if self.layers:
-            self._run(h_top, positions, causal)
+            causal = torch.ones(k, k, dtype=torch.bool, device=h_top.device).tril_()
+            self._run(h_top, (self.cache.lengths[:, None] + torch.arange(k, device=h_top.device)), causal,
+                      self._host_kv_len(k))
         self.cache.advance(k)
+
+    def write(self, h_top: Tensor, count: Tensor, kv_len: int) -> None:
+        """`extend` without a host read (the device round): the next committed positions' true top-tap
+        states h_top [1, P, d], of which the first count [1] are real (the rest land past the new
+        length, free); `kv_len` slots are read (>= length + P)."""
+        p = h_top.shape[1]
+        if self.layers:
+            causal = torch.ones(p, p, dtype=torch.bool, device=h_top.device).tril_()
+            self._run(h_top, self.cache.lengths[:, None] + torch.arange(p, device=h_top.device), causal, kv_len)
+        self.cache.advance_device(count)
 
     def truncate(self, length: int) -> None:
         """Forget the committed positions from `length` on (their K/V stay valid below it: causal)."""
         self.cache.truncate(length)
 
-    def read(self, h_top: Tensor, depth: Tensor, within: Tensor) -> Tensor:
+    def read(self, h_top: Tensor, depth: Tensor, within: Tensor, kv_len: int | None = None) -> Tensor:
         """Block states h_top [1, Q, d] at positions length + depth [Q], within-block mask [Q, Q] ->
-        logits [Q, V] (fp32): row j is p̂ of the token after block row j."""
-        positions = (self.length + depth)[None]
-        x = self._run(h_top, positions, within) if self.layers else h_top.to(self.model.embed.weight.dtype)
+        logits [Q, V] (fp32): row j is p̂ of the token after block row j. kv_len: the slots read (None:
+        length + Q, a host read; the device round passes its own)."""
+        positions = (self.cache.lengths + depth)[None]
+        if kv_len is None:
+            kv_len = self._host_kv_len(h_top.shape[1])
+        x = self._run(h_top, positions, within, kv_len) if self.layers else h_top.to(self.model.embed.weight.dtype)
         return self.model.lm_head(self.model.norm(x))[0].float()

@@ -37,6 +37,15 @@ most likely verification outcomes while the block is verified (the engine's `for
 CUDA stream), keeps them in a speculation cache and, when the verified outcome is among them, takes
 that block as the next tree without drafting on the critical path.
 
+The device round (`capturable`: foresight off, the draft model on the target's device, a capturable
+policy, T = 0): every step after `begin` is tensor ops of static shape with no host read, so the GPU
+round captures the drafter's phases ("draft": J0, refreshes, J passes; "tree": policy.build) and its
+`observe` in CUDA graphs. The anchor is the engine's device buffer; `observe` writes the draft cache,
+the adapter's context cache of the top tap, the decoder's upper-layer K/V (and the stale buffer or
+the oracle's cache) from the `Acceptance` rows padded to max_path, every length on the device
+(`device_states.DeviceStates`). Foresight, another draft device, or host=true run the host round
+(the reference): committed states queued and synced into host-sized caches before each read.
+
 drafter_args: checkpoint (a jetspec++ directory, or a plain jetspec head: refinement without an
 adapter, JetSpec++ Table 12), block_size, J (refinement passes, default 1), R (context refreshes,
 0..J, default 1), replace (anchor replacement, default true), states (predicted | stale | true);
@@ -44,7 +53,8 @@ foresight (off | on | score: select and record but draft nothing ahead), B (outc
 default 16), select (top | threshold | ssd), scores (decoder | draft: whose rows rank outcomes), lam
 (the threshold rule's λ), calibration (a per-depth temperature file from scripts/foresight_hits.py;
 none = uncalibrated), fanout_ratio (ssd), draft_device (default: the target's), pipeline (auto |
-sequential | concurrent), record (keep a `RoundRecord` per round for the offline evaluator).
+sequential | concurrent), record (keep a `RoundRecord` per round for the offline evaluator); host
+(true: the host round even where the device round could run).
 """
 
 from __future__ import annotations
@@ -54,13 +64,14 @@ from torch import Tensor
 
 from specbench.config import SamplingConfig
 from specbench.drafters import DRAFTERS
-from specbench.drafters.base import DraftState
+from specbench.drafters.base import DraftState, Phase
 from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.drafter import HeadDrafter, random_head
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.adapter import AdapterConfig, ContextCache, StateAdapter
 from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
+from specbench.drafters.jetspecpp.device_states import DeviceStates
 from specbench.drafters.jetspecpp.model import NAME, load_jetspecpp
 from specbench.drafters.jetspecpp.outcomes import outcome_distribution
 from specbench.drafters.jetspecpp.pipeline import Pipeline, resolve_device, target_copy
@@ -90,7 +101,7 @@ class JetSpecPPDrafter(HeadDrafter):
                  select: str = "top", scores: str = "decoder", lam: float | None = None,
                  calibration: str | RowTemperature | None = None, fanout_ratio: float = 0.5,
                  draft_device: str | None = None, pipeline: str = "auto", record: bool = False,
-                 random_init: bool = False, seed: int = 0) -> None:
+                 host: bool = False, random_init: bool = False, seed: int = 0) -> None:
         if head is None and random_init:  # an untrained head and adapter of the trainer's default shape
             head = random_head(NAME, self.attention, False, target, seed)
             cfg = head.config
@@ -133,6 +144,12 @@ class JetSpecPPDrafter(HeadDrafter):
         self.last_logp: Tensor | None = None  # [D, V] the last drafted block's per-depth log-probs
         self.pipeline = Pipeline(self.draft_device, pipeline)
         self.foresight = self._foresight(foresight, B, select, scores, lam, calibration, fanout_ratio, record)
+        if not isinstance(host, bool):
+            raise ValueError(f"host (run the host-driven round, the reference) must be true or false, got {host!r}")
+        # the device round: caches written from the Acceptance, no host read (module docstring)
+        self.on_device = not host and self.foresight is None and self.draft_device == target.device
+        self.device_states: DeviceStates | None = None
+        self.request: DraftState | None = None  # the request begun (its committed length sizes CPU reads)
 
     def _foresight(self, mode: str | bool, B: int, select: str, scores: str, lam: float | None,
                    calibration: str | RowTemperature | None, ratio: float, record: bool) -> Foresight | None:
@@ -169,6 +186,9 @@ class JetSpecPPDrafter(HeadDrafter):
     def foresees(self) -> bool:
         return self.foresight is not None
 
+    def capturable(self, policy: TreePolicy) -> bool:
+        return self.on_device and policy.capturable(self.target.device)
+
     @property
     def tracks_states(self) -> bool:
         """Whether block states can be had (an adapter, or the stale / true ablation)."""
@@ -180,8 +200,11 @@ class JetSpecPPDrafter(HeadDrafter):
             self.foresight.reset()
         prefill = ForwardOutput(logits=prefill.logits, hidden={t: self.pipeline.to_draft(prefill.hidden[t]) for t in self.taps})
         super().begin(state, prefill, max_seq_len)
+        self.request = state
         if not self.tracks_states:
             return
+        if self.on_device:  # only the refreshes read block states there
+            return self._begin_device(state, prefill, max_seq_len) if self.R > 0 else None
         slots = max_seq_len + self.block_size  # block reads write after the committed positions
         if self.decoder is None or self.decoder.cache.max_seq_len < slots:
             self.decoder = SliceDecoder(self.target, self.top, slots)
@@ -197,11 +220,44 @@ class JetSpecPPDrafter(HeadDrafter):
         self.state_pending = [self._features(prefill.hidden, slice(None))]
         self.last_verified = None
 
+    def _begin_device(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
+        """The device round's state caches, sized once, fed the prompt's positions."""
+        slots = max_seq_len + 2 * self.max_path + self.block_size  # as the draft cache: scratch past the prefix
+        if self.device_states is None or self.device_states.max_seq_len < slots:
+            self.device_states = DeviceStates(self.target, self.adapter, self.states, (self.top,), self.top, slots)
+        self.device_states.reset()
+        n = prefill.hidden[self.top].shape[1]
+        tokens = torch.tensor(state.tokens[:n], dtype=torch.long, device=self.target.device)
+        self.device_states.commit(prefill.hidden, tokens, torch.full((1,), n, dtype=torch.long, device=tokens.device), n)
+
+    def _device_states(self) -> DeviceStates:
+        if self.device_states is None:
+            raise RuntimeError("the device round keeps block states only with R > 0 (the refreshes read them) and after "
+                               "begin(); pass drafter_args host=true to read them otherwise")
+        return self.device_states
+
+    def _kv_len(self, state: DraftState, q: int) -> int:
+        """Slots a device-round pass over q new rows reads: on the CPU only the filled ones (the
+        committed length is the state's), elsewhere the whole cache (one shape: capturable)."""
+        assert self.device_states is not None
+        return state.cache_len + q if self.target.device.type == "cpu" else self.device_states.max_seq_len
+
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """The accepted positions' true tapped states (one copy to the draft device) enter the draft
         cache and, queued, the adapter's, decoder's and oracle's caches, in place of anything predicted
         for them; with foresight, after the pass beside this verification is joined, the verified
-        outcome is looked up in the speculation cache."""
+        outcome is looked up in the speculation cache. The device round writes every cache at once
+        from the `Acceptance` (the accepted rows padded to max_path, the count on the device)."""
+        if self.on_device:
+            acc = result if isinstance(result, Acceptance) else Acceptance.from_result(result, tree.num_nodes,
+                                                                                         self.target.device)
+            rows = acc.path[: self.max_path].clamp(min=0)  # [P]
+            self.write_context(self._features(target_out.hidden, rows), acc.count)
+            if self.device_states is not None:
+                assert self.request is not None
+                hidden = {t: target_out.hidden[t][:, rows] for t in self.device_states.taps}
+                self.device_states.commit(hidden, tree.tokens[rows], acc.count, self._kv_len(self.request, rows.shape[0]))
+            return
         if not isinstance(result, VerifyResult):
             raise TypeError(f"{self.name} is a host drafter: observe() takes the read VerifyResult")
         self.pipeline.join()
@@ -246,6 +302,8 @@ class JetSpecPPDrafter(HeadDrafter):
         """States [1, Q, d] per tap of block/tree rows `tokens` [Q] at positions committed + depth,
         within-block mask [Q, Q]: predicted by the adapter, stale, or true (the `states` setting)."""
         taps = tuple(self.taps) if taps is None else taps
+        if self.on_device:
+            return self._device_states().block(tokens, depth, within, taps, self._kv_len(state, tokens.shape[0]))
         self._sync_states(state)
         n, q = state.cache_len, tokens.shape[0]
         positions = (n + depth)[None]
@@ -262,6 +320,8 @@ class JetSpecPPDrafter(HeadDrafter):
     @torch.no_grad()
     def decoder_logits(self, state: DraftState, tokens: Tensor, depth: Tensor, within: Tensor) -> Tensor:
         """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j)."""
+        if self.on_device:
+            return self._device_states().decoder_logits(tokens, depth, within, self._kv_len(state, tokens.shape[0]))
         h_top = self.block_states(state, tokens, depth, within, taps=(self.top,))[self.top]
         return self.decoder.read(h_top, depth, within)
 
@@ -280,7 +340,7 @@ class JetSpecPPDrafter(HeadDrafter):
         `replace`; k̂ as a 0-dim tensor). On the device, no host read."""
         dev = drafts.device
         b = drafts.shape[0] + 1
-        tokens = torch.cat([drafts.new_full((1,), state.anchor), drafts])
+        tokens = torch.cat([state.anchor_on(dev), drafts])
         logits = self.decoder_logits(state, tokens, torch.arange(b, device=dev), block_pattern(b, "block-causal", dev))
         top1 = logits.max(dim=-1).indices[:-1]  # [D]: row i predicts depth i+1
         k_hat = (top1 == drafts).long().cumprod(0).sum()
@@ -302,11 +362,19 @@ class JetSpecPPDrafter(HeadDrafter):
             if j <= self.R:
                 drafts, k_hat = self.refresh(state, drafts)
                 k_hats.append(k_hat)
-            inputs = torch.cat([drafts.new_full((1,), state.anchor), drafts])
+            inputs = torch.cat([state.anchor_on(dev), drafts])
             logp = self.run_block(state, inputs, tokens_only, depth, within)[1:]
             drafts = logp.max(dim=-1).indices
         self.last_round = {"k_hat": k_hats}
         return logp
+
+    def phases(self, state: DraftState, policy: TreePolicy, budget: int) -> list[Phase]:
+        """The device round's stages (refined scores, then the tree), else `draft` as one stage."""
+        if not self.on_device or state.want_draft_probs:
+            return super().phases(state, policy, budget)
+        anchor = state.anchor_on(self.target.device)
+        return [("draft", lambda _: DepthScores(anchor, self.refined_logp(state))),  # [D, V]
+                ("tree", lambda scores: policy.build(scores, budget))]
 
     def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
         """The block drafted ahead for the verified outcome (a foresight hit), else the refined draft

@@ -40,14 +40,26 @@ def _scalar_tensor_index(index: object) -> bool:
                for i in items)
 
 
+SCALAR_READS = ("item", "__int__", "__float__", "__bool__", "__index__")
+"""Tensor methods that turn a value into a Python scalar. Under `torch.inference_mode()` (the engine's
+decode loop) `_local_scalar_dense` does not reach the dispatch mode, so they are wrapped as well."""
+
+
 @contextmanager
 def no_host_reads() -> Iterator[None]:
-    """Fail on host reads (see the module docstring); `Tensor.tolist` and indexing with a 0-d integer
-    tensor (which PyTorch turns into a Python int) are caught by wrapping them for the duration."""
+    """Fail on host reads (see the module docstring); `Tensor.tolist`, the scalar conversions
+    (`SCALAR_READS`) and indexing with a 0-d integer tensor (which PyTorch turns into a Python int)
+    are caught by wrapping them for the duration."""
     tolist, getitem, setitem = torch.Tensor.tolist, torch.Tensor.__getitem__, torch.Tensor.__setitem__
+    scalars = {name: getattr(torch.Tensor, name) for name in SCALAR_READS}
 
     def no_tolist(self: torch.Tensor):  # type: ignore[no-untyped-def]
         raise HostRead("Tensor.tolist() reads the device back")
+
+    def no_scalar(name: str):  # type: ignore[no-untyped-def]
+        def read(self: torch.Tensor, *args, **kwargs):  # type: ignore[no-untyped-def]
+            raise HostRead(f"Tensor.{name}() reads the device back as a Python scalar")
+        return read
 
     def checked_getitem(self: torch.Tensor, index):  # type: ignore[no-untyped-def]
         if _scalar_tensor_index(index):
@@ -62,8 +74,12 @@ def no_host_reads() -> Iterator[None]:
     torch.Tensor.tolist = no_tolist  # type: ignore[method-assign]
     torch.Tensor.__getitem__ = checked_getitem  # type: ignore[method-assign]
     torch.Tensor.__setitem__ = checked_setitem  # type: ignore[method-assign]
+    for name in SCALAR_READS:
+        setattr(torch.Tensor, name, no_scalar(name))
     try:
         with _NoHostReads():
             yield
     finally:
         torch.Tensor.tolist, torch.Tensor.__getitem__, torch.Tensor.__setitem__ = tolist, getitem, setitem  # type: ignore[method-assign]
+        for name, fn in scalars.items():
+            setattr(torch.Tensor, name, fn)

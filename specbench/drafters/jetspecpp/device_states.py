@@ -1,0 +1,104 @@
+"""The context refresh's state source in jetspec++'s device round (`JetSpecPPDrafter.capturable`):
+committed positions enter preallocated caches in `commit`, straight from the verify pass's accepted
+rows (the `Acceptance`'s device tensors, padded to a fixed row count), with every cache's length on
+the device; block states are read in tensor ops of static shape. Nothing is read back, so the GPU
+round captures both (CUDA graphs).
+
+What each `states` setting keeps, besides the decoder's upper-layer K/V (`SliceDecoder.write`):
+  predicted  per kept tap, the adapter module's context K/V, written as the draft head's own cache
+             is (`write_committed`); block states by `TapAdapter.forward_cached`
+  stale      per kept tap, the newest committed position's state (a buffer, gathered at count - 1)
+  true       a target KV cache of the committed tokens (the oracle; layers up to the top tap run)
+
+The host round (host=true, foresight, another draft device) keeps its own queue-and-sync caches
+(`adapter.ContextCache`, `SliceDecoder.extend`) in the drafter; this file is the device twin.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specbench.drafters.heads.drafter import write_committed
+from specbench.drafters.jetspecpp.adapter import StateAdapter
+from specbench.drafters.jetspecpp.decoder import SliceDecoder
+from specbench.models.decoder import AttentionMeta, KVCache
+from specbench.models.target import TargetModel
+
+
+class DeviceStates:
+    """Block states of the kept `taps` (and the decoder over the top one) from device-written caches of
+    `slots` positions (committed ones + scratch for a block and a padded commit)."""
+
+    def __init__(self, target: TargetModel, adapter: StateAdapter | None, states: str, taps: tuple[int, ...],
+                 top: int, slots: int) -> None:
+        cfg, dev = target.config, target.device
+        self.model, self.adapter, self.states, self.taps, self.top = target.model, adapter, states, taps, top
+        self.decoder = SliceDecoder(target, top, slots)
+        self.caches: dict[int, KVCache] = {}
+        if states == "predicted":
+            assert adapter is not None, "states=predicted needs the adapter"
+            self.caches = {t: KVCache(adapter.tap(t).net.config.num_layers, 1, cfg.num_kv_heads, slots, cfg.head_dim,
+                                      target.dtype, dev) for t in taps}
+        self.last = {t: torch.zeros(1, 1, cfg.hidden_size, dtype=target.dtype, device=dev) for t in taps} \
+            if states == "stale" else {}
+        self.oracle = target.new_cache(slots) if states == "true" else None
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.decoder.cache.max_seq_len
+
+    def reset(self) -> None:
+        self.decoder.reset()
+        for cache in self.caches.values():
+            cache.reset()
+        if self.oracle is not None:
+            self.oracle.reset()
+
+    def commit(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, kv_len: int) -> None:
+        """The next committed positions: per kept tap their true states [1, P, d] (root first), their
+        tokens [P], of which the first count [1] are real (the rest land past the new lengths, free);
+        kv_len: the slots an attention over them reads (>= committed + P)."""
+        for t, cache in self.caches.items():
+            write_committed(self.adapter.tap(t).net, cache, hidden[t], count, self.model)  # type: ignore[union-attr]
+        self.decoder.write(hidden[self.top], count, kv_len)
+        for t, buf in self.last.items():
+            buf.copy_(hidden[t].index_select(1, count - 1))  # [1, 1, d]: the newest committed position
+        if self.oracle is not None:
+            p = tokens.shape[0]
+            positions = self.oracle.lengths[:, None] + torch.arange(p, device=tokens.device)
+            self.model(tokens[None], positions, self.oracle, None, (), logits_rows=self._no_logits(tokens),
+                       num_layers=self.top + 1, kv_len=kv_len)
+            self.oracle.advance_device(count)
+
+    def block(self, tokens: Tensor, depth: Tensor, within: Tensor, taps: tuple[int, ...], kv_len: int) -> dict[int, Tensor]:
+        """States [1, Q, d] per tap of block/tree rows `tokens` [Q] at positions committed + depth [Q],
+        within-block mask [Q, Q], reading `kv_len` slots (>= committed + Q)."""
+        q = tokens.shape[0]
+        if self.states != "true" and not set(taps) <= set(self.taps):
+            raise ValueError(f"the device round keeps the states of taps {list(self.taps)} only, asked for {list(taps)}: "
+                             f"pass drafter_args host=true for every tap's")
+        if self.states == "stale":
+            return {t: self.last[t].expand(1, q, -1) for t in taps}
+        if self.states == "true":
+            assert self.oracle is not None
+            out = self.model(tokens[None], (self.oracle.lengths + depth)[None], self.oracle, within[None], taps,
+                             logits_rows=self._no_logits(tokens), num_layers=self.top + 1, kv_len=kv_len)
+            return {t: out.hidden[t] for t in taps}
+        out = {}
+        for t in taps:
+            cache = self.caches[t]
+            meta = AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len)
+            out[t] = self.adapter.tap(t).forward_cached(tokens[None], (cache.lengths + depth)[None], cache, meta,  # type: ignore[union-attr]
+                                                        self.model)
+        return out
+
+    def decoder_logits(self, tokens: Tensor, depth: Tensor, within: Tensor, kv_len: int) -> Tensor:
+        """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j)."""
+        h_top = self.block(tokens, depth, within, (self.top,), kv_len)[self.top]
+        return self.decoder.read(h_top, depth, within, kv_len)
+
+    @staticmethod
+    def _no_logits(tokens: Tensor) -> Tensor:
+        """One row's logits (the forward computes some; the states are what is wanted)."""
+        return torch.zeros(1, dtype=torch.long, device=tokens.device)
