@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from specbench.drafters.init import init_draft_params_
 from specbench.drafters.heads.masks import ATTENTION_KINDS
 from specbench.models.config import ModelConfig
-from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, RMSNorm, Transformer, apply_rope, masked_sdpa
+from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, RMSNorm, Transformer, masked_sdpa
 
 
 def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
@@ -183,20 +183,23 @@ class DraftHead(nn.Module):
         return (out, outputs) if return_layers else out
 
 
-def _project_kv(layer: DecoderLayer, c: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """The layer's own K/V projections (+ k-norm, RoPE) applied to context features c [B, C, d]."""
+def _projected(layer: DecoderLayer, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The decoder's own projection (`Attention.project`: wqkv, q/k-norm, RoPE) of x [B, N, d], its K/V
+    scattered into fresh scratch tensors (differentiable: the training pass backpropagates through them):
+    q [B, H, N, D], k, v [B, Hkv, N, D]."""
     attn = layer.attn
-    b, n, _ = c.shape
-    q_dim, kv_dim = attn.n_heads * attn.head_dim, attn.n_kv * attn.head_dim
-    w = attn.wqkv.weight[q_dim:]
-    bias = attn.wqkv.bias[q_dim:] if attn.wqkv.bias is not None else None
-    k, v = F.linear(c, w, bias).split([kv_dim, kv_dim], dim=-1)
-    k = k.view(b, n, attn.n_kv, attn.head_dim)
-    v = v.view(b, n, attn.n_kv, attn.head_dim)
-    if attn.k_norm is not None:
-        k = attn.k_norm(k)
-    k = apply_rope(k, cos, sin)
-    return k.transpose(1, 2), v.transpose(1, 2)
+    b, n, _ = x.shape
+    k = x.new_zeros(b, attn.n_kv, n, attn.head_dim)
+    v = x.new_zeros(b, attn.n_kv, n, attn.head_dim)
+    slots = torch.arange(n, device=x.device).expand(b, n)
+    q = attn.project(x, cos, sin, k, v, slots)
+    return q, k, v
+
+
+def _project_kv(layer: DecoderLayer, c: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """The layer's own K/V (k-norm, RoPE) of context features c [B, C, d]: [B, Hkv, C, D] each."""
+    _, k, v = _projected(layer, c, cos, sin)
+    return k, v
 
 
 def _injected_attention(layer: DecoderLayer, h: Tensor, cos: Tensor, sin: Tensor, k_ctx: Tensor, v_ctx: Tensor,
@@ -204,15 +207,8 @@ def _injected_attention(layer: DecoderLayer, h: Tensor, cos: Tensor, sin: Tensor
     """Attention of the block queries over [context K/V ; block K/V]."""
     attn = layer.attn
     b, n, _ = h.shape
-    q_dim, kv_dim = attn.n_heads * attn.head_dim, attn.n_kv * attn.head_dim
-    q, k, v = attn.wqkv(h).split([q_dim, kv_dim, kv_dim], dim=-1)
-    q = q.view(b, n, attn.n_heads, attn.head_dim)
-    k = k.view(b, n, attn.n_kv, attn.head_dim)
-    v = v.view(b, n, attn.n_kv, attn.head_dim)
-    if attn.q_norm is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    keys = torch.cat([k_ctx, k.transpose(1, 2)], dim=2)  # [B, Hkv, C+Q, D]
-    values = torch.cat([v_ctx, v.transpose(1, 2)], dim=2)
-    y = masked_sdpa(q.transpose(1, 2), keys, values, attn_mask, attn.scale)  # [B, H, Q, D]
-    return attn.wo(y.transpose(1, 2).reshape(b, n, q_dim))
+    q, k, v = _projected(layer, h, cos, sin)
+    keys = torch.cat([k_ctx, k], dim=2)  # [B, Hkv, C+Q, D]
+    values = torch.cat([v_ctx, v], dim=2)
+    y = masked_sdpa(q, keys, values, attn_mask, attn.scale)  # [B, H, Q, D]
+    return attn.wo(y.transpose(1, 2).reshape(b, n, attn.n_heads * attn.head_dim))
