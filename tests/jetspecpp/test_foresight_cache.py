@@ -6,6 +6,8 @@ selected, and the served block is the one drafted for that outcome (recomputed a
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -43,19 +45,26 @@ def test_the_cache_serves_only_the_verified_outcomes_block(rounds) -> None:  # t
         assert len(cache) == 0  # nothing survives into the next block
 
 
-TARGET = tiny_exact_target(vocab=6, seed=2)
-HEAD, ADAPTER = random_parts(TARGET, taps=(0,), block_size=4, seed=5)
 PROMPT = [1, 4, 2, 0, 5]
+
+
+@functools.lru_cache(maxsize=1)
+def parts():  # type: ignore[no-untyped-def]
+    """The tiny target, head and adapter, built on first use (not at collection: building a model
+    imports torch's compiler stack, and with it triton, before the kernel tests set the interpreter)."""
+    target = tiny_exact_target(vocab=6, seed=2)
+    return (target, *random_parts(target, taps=(0,), block_size=4, seed=5))
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(["chain", "ddtree"]), states=st.sampled_from(["predicted", "stale", "true"]),
        choices=st.lists(st.tuples(st.booleans(), st.integers(0, 10 ** 6)), min_size=3, max_size=6))
 def test_the_drafter_serves_the_block_drafted_for_the_verified_outcome(policy, states, choices) -> None:  # type: ignore[no-untyped-def]
-    drafter = JetSpecPPDrafter(TARGET, head=HEAD, adapter=ADAPTER, J=1, R=1, states=states, foresight="on", B=5)
+    target, head, adapter = parts()
+    drafter = JetSpecPPDrafter(target, head=head, adapter=adapter, J=1, R=1, states=states, foresight="on", B=5)
     tree_policy = TREE_POLICIES.build(policy)
     n0 = len(PROMPT)
-    prefill = TARGET.forward(torch.tensor([PROMPT]), torch.arange(n0)[None], TARGET.new_cache(64), None, drafter.taps)
+    prefill = target.forward(torch.tensor([PROMPT]), torch.arange(n0)[None], target.new_cache(64), None, drafter.taps)
     state = DraftState(tokens=PROMPT + [3], prompt_len=n0, sampling=SamplingConfig(), draft_rng=TorchRandomness(0))
     drafter.begin(state, prefill, 64)
     g = torch.Generator().manual_seed(0)
@@ -73,7 +82,7 @@ def test_the_drafter_serves_the_block_drafted_for_the_verified_outcome(policy, s
         if pick_selected:
             u, a = chosen[seed % len(chosen)]
         else:  # any outcome a walk can end in: a node and a bonus that is not one of its children's tokens
-            possible = [(v, t) for v in range(tree.num_nodes) for t in range(TARGET.config.vocab_size)
+            possible = [(v, t) for v in range(tree.num_nodes) for t in range(target.config.vocab_size)
                         if t not in {tokens[c] for c in tree.children[v]}]
             u, a = possible[seed % len(possible)]
         path = tree.path_to(u)
@@ -81,7 +90,7 @@ def test_the_drafter_serves_the_block_drafted_for_the_verified_outcome(policy, s
         # the block drafted for (u, a) alone, before observe changes any cache
         alone = OutcomeBatch(drafter, state, tree, {0: p.states}, torch.tensor([u]), torch.tensor([a])).refined_logp()[0][0]
         expected = alone if outcome_selected else None
-        hidden = {0: torch.randn(1, tree.num_nodes, TARGET.config.hidden_size, generator=g, dtype=TARGET.dtype)}
+        hidden = {0: torch.randn(1, tree.num_nodes, target.config.hidden_size, generator=g, dtype=target.dtype)}
         result = VerifyResult(path=path, tokens=[tokens[v] for v in path[1:]] + [a])
         drafter.observe(tree, result, ForwardOutput(logits=torch.empty(0), hidden=hidden))
         state.tokens.extend(result.tokens)
@@ -92,10 +101,11 @@ def test_the_drafter_serves_the_block_drafted_for_the_verified_outcome(policy, s
 
 
 def test_after_a_hit_later_rounds_read_the_true_states_of_the_accepted_positions() -> None:
-    drafter = JetSpecPPDrafter(TARGET, head=HEAD, adapter=ADAPTER, J=1, R=1, foresight="on", B=5)
+    target, head, adapter = parts()
+    drafter = JetSpecPPDrafter(target, head=head, adapter=adapter, J=1, R=1, foresight="on", B=5)
     policy = TREE_POLICIES.build("chain")
     n0 = len(PROMPT)
-    prefill = TARGET.forward(torch.tensor([PROMPT]), torch.arange(n0)[None], TARGET.new_cache(64), None, drafter.taps)
+    prefill = target.forward(torch.tensor([PROMPT]), torch.arange(n0)[None], target.new_cache(64), None, drafter.taps)
     state = DraftState(tokens=PROMPT + [3], prompt_len=n0, sampling=SamplingConfig(), draft_rng=TorchRandomness(0))
     drafter.begin(state, prefill, 64)
     tree = drafter.draft(state, policy, 3)
@@ -104,8 +114,8 @@ def test_after_a_hit_later_rounds_read_the_true_states_of_the_accepted_positions
     nodes, bonus, valid = p.selection.tolist()
     u, a = max(((u, a) for u, a, ok in zip(nodes, bonus, valid) if ok), key=lambda x: x[0])  # the deepest selected
     path = tree.path_to(u)
-    true = torch.randn(1, tree.num_nodes, TARGET.config.hidden_size, generator=torch.Generator().manual_seed(1),
-                       dtype=TARGET.dtype)
+    true = torch.randn(1, tree.num_nodes, target.config.hidden_size, generator=torch.Generator().manual_seed(1),
+                       dtype=target.dtype)
     result = VerifyResult(path=path, tokens=[tree.host[0][v] for v in path[1:]] + [a])
     drafter.observe(tree, result, ForwardOutput(logits=torch.empty(0), hidden={0: true}))
     state.tokens.extend(result.tokens)
@@ -116,10 +126,10 @@ def test_after_a_hit_later_rounds_read_the_true_states_of_the_accepted_positions
     assert drafter.foresight.log[-1]["hit"] is True
     n = n0
     pos = torch.arange(n, n + len(path))[None]
-    for i, (k, v) in enumerate(drafter.head.context_kv(true[:, path], pos, TARGET.model)):
+    for i, (k, v) in enumerate(drafter.head.context_kv(true[:, path], pos, target.model)):
         torch.testing.assert_close(drafter.cache.k[i, :, :, n: n + len(path)], k, atol=1e-12, rtol=0)
         torch.testing.assert_close(drafter.cache.v[i, :, :, n: n + len(path)], v, atol=1e-12, rtol=0)
     drafter.block_states(state, torch.tensor([a]), torch.zeros(1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool))
     ctx = drafter.adapter_caches[0]
-    for i, (k, _) in enumerate(drafter.adapter.tap(0).context_kv(true[:, path], pos, TARGET.model)):
+    for i, (k, _) in enumerate(drafter.adapter.tap(0).context_kv(true[:, path], pos, target.model)):
         torch.testing.assert_close(ctx.cache.k[i, :, :, n: n + len(path)], k, atol=1e-12, rtol=0)
