@@ -241,14 +241,21 @@ def _prompt_ids(target: Any, args: argparse.Namespace, prompt: str) -> list[int]
         raise UsageError(f"{_prompt_source(args)}: {exc}") from None
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    spec, sampling = spec_from_args(args)
+def _prepared(args: argparse.Namespace, spec: Any) -> tuple[str, Any, Any, list[int]]:
+    """The prompt read, the target and decoder built, the request checked (before any decoding):
+    what `generate` and `tree` both start from."""
     prompt = read_prompt(args)
     target, threads = _load(args)
     decoder = _decoder(target, spec, args)
     ids = _prompt_ids(target, args, prompt)
     decoder.check_request(len(ids), args.max_new_tokens)
     _say(threads)
+    return prompt, target, decoder, ids
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    spec, sampling = spec_from_args(args)
+    prompt, target, decoder, ids = _prepared(args, spec)
     result = decoder.generate(ids, args.max_new_tokens, sampling)
     text = target.decode(result.tokens)
     summary = result.stats.summary()
@@ -301,12 +308,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
         raise UsageError("specbench tree needs --drafter (plain AR decoding has no draft tree)")
     if args.round < 1:
         raise UsageError(f"--round counts from 1, got {args.round}")
-    prompt = read_prompt(args)
-    target, threads = _load(args)
-    decoder = _decoder(target, spec, args)
-    ids = _prompt_ids(target, args, prompt)
-    decoder.check_request(len(ids), args.max_new_tokens)
-    _say(threads)
+    _, target, decoder, ids = _prepared(args, spec)
     captured: dict[str, Any] = {}
 
     def keep(round_no: int, tree: Any, result: Any) -> None:

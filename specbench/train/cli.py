@@ -126,16 +126,22 @@ def parse_drafters(text: str) -> dict[str, str]:
     return out
 
 
+def _labelled(item: str, flag: str, form: str, labels: Sequence[str], among: str) -> tuple[str, str, str]:
+    """"[LABEL:]KEY=RAW" -> (LABEL or "", KEY, RAW); a LABEL must be one of `labels`."""
+    if "=" not in item:
+        raise ValueError(f"{flag} takes {form}, got {item!r}")
+    key, _, raw = item.partition("=")
+    owner, _, key = key.rpartition(":")
+    if owner and owner not in labels:
+        raise ValueError(f"{flag} {item!r} names {owner!r}, which is not among {among} ({', '.join(labels)})")
+    return owner, key, raw
+
+
 def parse_head_args(items: Sequence[str] | None, names: Sequence[str]) -> dict[str, dict[str, Any]]:
     """["block_size=8", "jetspec:anchors=4"] -> {name: {key: value}} (unprefixed keys go to every head)."""
     out: dict[str, dict[str, Any]] = {n: {} for n in names}
     for item in items or ():
-        if "=" not in item:
-            raise ValueError(f"--head-arg takes [NAME:]KEY=VALUE, got {item!r}")
-        key, _, raw = item.partition("=")
-        owner, _, key = key.rpartition(":")
-        if owner and owner not in out:
-            raise ValueError(f"--head-arg {item!r} names {owner!r}, which is not among the heads trained ({', '.join(names)})")
+        owner, key, raw = _labelled(item, "--head-arg", "[NAME:]KEY=VALUE", names, "the heads trained")
         for n in ([owner] if owner else names):
             out[n][key.strip()] = parse_value(raw)
     return out
@@ -151,12 +157,7 @@ def expand_grid(labels: dict[str, str], settings: dict[str, dict[str, Any]],
     labels, settings = dict(labels), {k: dict(v) for k, v in settings.items()}
     base = list(labels)
     for item in grids or ():
-        if "=" not in item:
-            raise ValueError(f"--grid takes [LABEL:]KEY=V1,V2,..., got {item!r}")
-        key, _, raw = item.partition("=")
-        owner, _, key = key.rpartition(":")
-        if owner and owner not in base:
-            raise ValueError(f"--grid {item!r} names {owner!r}, which is not among the heads ({', '.join(base)})")
+        owner, key, raw = _labelled(item, "--grid", "[LABEL:]KEY=V1,V2,...", base, "the heads")
         values = [parse_value(v) for v in _split_values(raw)]
         for label in ([owner] if owner else base):
             for value in values:
