@@ -5,15 +5,21 @@
 #   scripts/gpu_pipeline.sh start      launch the phases below detached (setsid) and return
 #   scripts/gpu_pipeline.sh collect S  wait up to S seconds (or until the pipeline ends), then move the
 #                                      finished bundles that fit into $OUT and print the log's tail
-# Phases (each bounded; deadlines in minutes from the start, so the whole run ends by PIPE_END):
+# PHASES (default "corpus train eval"), in order, each bounded by its deadline (seconds from the start):
 #   corpus   scripts/gpu_train_session.sh corpus for GEN_MINUTES (issue 14's resumable shards)
-#   train    all five heads on that corpus, one run: a probe of PROBE_STEPS measures the step time, then the
-#            run is rescheduled (wsd) to end by TRAIN_END; the state at the start of the decay is packed
+#   train    TRAIN_HEADS on that corpus, a fresh run: a probe of PROBE_STEPS measures the step time, then the
+#            run is rescheduled (wsd) to end by TRAIN_END_S; the state at the start of the decay is packed
 #            (a later session resumes it with --reschedule), the decayed heads are the result
+#   resume   the same for the run staged in $RUN (scripts/gpu_train_session.sh stage-in), rescheduled at
+#            RATE steps/s (measured by the run that made it) to end by TRAIN_END_S
+#   tau      tau by exact replay of $RUN/heads (scripts/tau_table.py: TAU_N items of GSM8K and MATH-500,
+#            budgets 16/64/256) until TAU_END_S
+#   ablate   a fresh run of ABL_HEADS with one more head per value of ABL_GRID (from scratch, so the heads
+#            compare at equal tokens) until ABL_TRAIN_END_S, then scripts/ablation_table.py until ABL_END_S
 #   eval     the new heads installed as the shipped ones, then: foresight GPU tests, recorded rounds and
 #            calibration (foresight_hits), Table 3 (foresight_table) at chain:16 and ddtree:64, the
-#            per-stage round table of every drafter, each cut by its own timeout
-# Results go back as bundles (scripts/bundle.py), oldest first: corpus, heads + reports, eval, run.
+#            per-stage round table of every drafter, each cut by its own timeout (PIPE_END_S)
+# Results go back as bundles (scripts/bundle.py) in the order they are made.
 set -uo pipefail
 ROOT=${ROOT:-/root}
 export PYTHONPATH=$ROOT/site:$PWD PYTHONUNBUFFERED=1 SPECBENCH_CACHE=${SPECBENCH_CACHE:-$ROOT/cache}
@@ -26,44 +32,95 @@ now() { date +%s; }
 log() { echo "[pipe $(( $(now) - $(cat $P/t0) ))s] $*"; }
 left() { echo $(( $(cat $P/t0) + $1 - $(now) )); }  # seconds until second $1 of the pipeline
 
-run_pipeline() {
+# train_scheduled RUN END STEP0 RATE: train RUN until second END of the pipeline at RATE steps/s (wsd, the last
+# 20% of the schedule decaying), packing the state where the decay starts; extra flags in $sched_extra
+train_scheduled() {
+  local run=$1 end=$2 step0=$3 rate=$4 secs total decay_at
+  secs=$(left $end)
+  total=$(python3 -c "print($step0 + max(50, int(0.92 * $rate * ($secs - 45))))")
+  decay_at=$(python3 -c "print(max($step0 + 1, int($total - round(0.2 * $total))))")
+  log "train $run: $total steps (decay from step $decay_at), $secs s left at $rate steps/s"
+  python3 -m specbench.cli train $common --drafter $heads --out $run --steps $total --reschedule --until-step $decay_at $sched_extra \
+    > $P/train_stable.txt 2>&1
+  tail -8 $P/train_stable.txt
+  rm -rf $ROOT/pack && python3 -m specbench.cli train-pack "$run" $ROOT/pack/run > $P/pack.txt 2>&1; cat $P/pack.txt
+  python3 -m specbench.cli train $common --drafter $heads --out $run --steps $total $sched_extra > $P/train_decay.txt 2>&1
+  tail -12 $P/train_decay.txt
+}
+
+probe_rate() {  # steps/s over the second half of a run's logged steps (past compile and warm-up)
+  python3 - "$1" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/train_log.jsonl")]
+rows = [r for r in rows if r.get("kind", "train") != "val" and "step" in r and "time" in r]
+a, b = rows[len(rows) // 2], rows[-1]
+print(f"{(b['step'] - a['step']) / max(1e-6, b['time'] - a['time']):.3f}")
+EOF
+}
+
+report_heads() {  # RUN NAME: report, plots, log and the decayed heads, as bundles
+  local run=$1 name=$2
+  mkdir -p $P/$name
+  python3 -m specbench.cli train-report "$run" --plots $P/$name/plots > $P/$name/train_report.txt 2>&1
+  cat $P/$name/train_report.txt
+  gzip -c $run/train_log.jsonl > $P/$name/train_log.jsonl.gz; cp $P/*.txt $P/$name/ 2>/dev/null
+  rm -rf $P/heads && mkdir -p $P/heads && cp -r $run/heads/. $P/heads/
+  bundle pack $name-heads heads --spool $SPOOL --base $P --chunk-mib 14
+  bundle pack $name-results $name --spool $SPOOL --base $P
+}
+
+phase_corpus() {
   log "corpus for ${GEN_MINUTES:-5} min"
   GEN_MINUTES=${GEN_MINUTES:-5} bash scripts/gpu_train_session.sh corpus > $P/corpus.txt 2>&1
   tail -25 $P/corpus.txt; touch $P/corpus.done
-  HEADS=${TRAIN_HEADS:-dflash,jetspec,jetspec-tree,eagle3,jetspec++}
-  common="--device $DEVICE --corpus $ROOT/corpus --out $RUN --drafter $HEADS --schedule wsd --batch-size ${BATCH:-16} \
-    --max-len ${MAX_LEN:-640} --val-every ${VAL_EVERY:-250} --val-tau-every 0 --save-every 100000 --quiet ${TRAIN_EXTRA:-}"
-  log "train probe: ${PROBE_STEPS:-40} steps"
-  python3 -m specbench.cli train $common --steps 100000 --until-step ${PROBE_STEPS:-40} > $P/train_probe.txt 2>&1
-  tail -5 $P/train_probe.txt
-  secs=$(left ${TRAIN_END_S:-930})
-  total=$(python3 - "$RUN" "$secs" "${PROBE_STEPS:-40}" <<'EOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1] + "/train_log.jsonl") if '"kind": "val"' not in l and '"kind":"val"' not in l]
-rows = [r for r in rows if "step" in r and "time" in r]
-a, b = rows[len(rows) // 2], rows[-1]  # past the first steps' compile/warm-up
-rate = (b["step"] - a["step"]) / max(1e-6, b["time"] - a["time"])
-print(f"probe: {rate:.2f} steps/s", file=sys.stderr)
-print(int(sys.argv[3]) + max(50, int(0.92 * rate * (float(sys.argv[2]) - 45))))
-EOF
-)
-  decay_at=$(python3 -c "print(int($total - round(0.2 * $total)))")
-  log "train: rescheduled to $total steps (decay from step $decay_at), $secs s left"
-  python3 -m specbench.cli train $common --steps $total --reschedule --until-step $decay_at > $P/train_stable.txt 2>&1
-  tail -8 $P/train_stable.txt
-  rm -rf $ROOT/pack && python3 -m specbench.cli train-pack "$RUN" $ROOT/pack/run > $P/pack.txt 2>&1; cat $P/pack.txt
-  python3 -m specbench.cli train $common --steps $total > $P/train_decay.txt 2>&1
-  tail -12 $P/train_decay.txt
-  python3 -m specbench.cli train-report "$RUN" --plots $P/results/plots > $P/results/train_report.txt 2>&1
-  cat $P/results/train_report.txt
-  cp $RUN/train_log.jsonl $P/results/ 2>/dev/null; cp $P/*.txt $P/results/ 2>/dev/null
-  mkdir -p $P/heads && cp -r $RUN/heads/. $P/heads/
-  [ -d $RUN/snapshots ] && cp -r $RUN/snapshots $P/heads/ 2>/dev/null
-  bundle pack heads heads --spool $SPOOL --base $P --chunk-mib 14
-  bundle pack train-results results --spool $SPOOL --base $P
-  log "train done"; touch $P/train.done
+}
 
-  # eval: the new heads are the shipped ones for this copy
+phase_train() {
+  log "train probe: ${PROBE_STEPS:-40} steps"
+  python3 -m specbench.cli train $common --drafter $HEADS --out $RUN --steps 100000 --until-step ${PROBE_STEPS:-40} > $P/train_probe.txt 2>&1
+  tail -5 $P/train_probe.txt
+  heads=$HEADS sched_extra="" train_scheduled $RUN ${TRAIN_END_S:-930} ${PROBE_STEPS:-40} $(probe_rate $RUN)
+  report_heads $RUN train
+  log "train done"; touch $P/train.done
+}
+
+phase_resume() {
+  local step0
+  step0=$(python3 -c "import json; print(json.load(open('$RUN/run.json'))['step'])")
+  log "resume $RUN at step $step0"
+  heads=$HEADS sched_extra="${RESUME_EXTRA:-}" train_scheduled $RUN ${TRAIN_END_S:-480} $step0 ${RATE:-3.1}
+  report_heads $RUN resume
+  log "resume done"; touch $P/train.done
+}
+
+phase_tau() {
+  local T=$P/tau; mkdir -p $T
+  log "tau by replay, heads of $RUN"
+  timeout $(left ${TAU_END_S:-600}) python3 scripts/tau_table.py --device $DEVICE --data $SPECBENCH_DATA --heads-dir $RUN/heads \
+    --datasets gsm8k,math500 --n ${TAU_N:-20} --budgets 16,64,256 --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
+    --minutes $(python3 -c "print(max(0.5, ($(left ${TAU_END_S:-600}) - 30) / 60))") --out $T/tau.jsonl > $T/tau.txt 2>&1
+  python3 scripts/tau_table.py --out $T/tau.jsonl --table-only > $T/table.txt 2>&1; cat $T/table.txt
+  bundle pack tau tau --spool $SPOOL --base $P
+}
+
+phase_ablate() {
+  local RA=$ROOT/run-ablation A=$P/ablation grid="" g; mkdir -p $A
+  for g in ${ABL_GRID:-num_layers=2,3 num_taps=1,5 block_size=8}; do grid="$grid --grid $g"; done
+  log "ablation run: ${ABL_HEADS:-dflash} $grid"
+  python3 -m specbench.cli train $common --drafter ${ABL_HEADS:-dflash} $grid --out $RA --steps 100000 --until-step ${PROBE_STEPS:-40} > $A/probe.txt 2>&1
+  tail -4 $A/probe.txt
+  heads="${ABL_HEADS:-dflash} $grid" sched_extra="" train_scheduled $RA ${ABL_TRAIN_END_S:-780} ${PROBE_STEPS:-40} $(probe_rate $RA)
+  python3 -m specbench.cli train-report "$RA" --plots $A/plots > $A/train_report.txt 2>&1; cat $A/train_report.txt
+  log "ablation table"
+  timeout $(left ${ABL_END_S:-900}) python3 scripts/ablation_table.py --run $RA --data $SPECBENCH_DATA --out $A/table \
+    --n ${ABL_N:-20} --budgets ${ABL_BUDGETS:-16,64} --device $DEVICE --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
+    --minutes $(python3 -c "print(max(0.5, ($(left ${ABL_END_S:-900}) - 90) / 60))") > $A/ablation.txt 2>&1
+  tail -40 $A/ablation.txt
+  gzip -c $RA/train_log.jsonl > $A/train_log.jsonl.gz
+  bundle pack ablation ablation --spool $SPOOL --base $P
+}
+
+phase_eval() {  # the new heads are the shipped ones for this copy
   for h in dflash jetspec jetspec-tree eagle3; do
     [ -d $RUN/heads/$h ] && rm -rf specbench/heads/$h-smollm2-135m && mkdir -p specbench/heads/$h-smollm2-135m && \
       cp -r $RUN/heads/$h/. specbench/heads/$h-smollm2-135m/
@@ -93,7 +150,18 @@ EOF
     tail -25 $E/round_table.txt
   fi
   bundle pack eval eval --spool $SPOOL --base $P
-  bundle pack run run --spool $SPOOL --base $ROOT/pack --chunk-mib 14
+}
+
+run_pipeline() {
+  HEADS=${TRAIN_HEADS:-dflash,jetspec,jetspec-tree,eagle3,jetspec++}
+  common="--device $DEVICE --corpus $ROOT/corpus --schedule wsd --batch-size ${BATCH:-16} --max-len ${MAX_LEN:-640} \
+    --val-every ${VAL_EVERY:-250} --val-tau-every 0 --save-every 100000 --quiet ${TRAIN_EXTRA:-}"
+  local phase
+  for phase in ${PHASES:-corpus train eval}; do
+    declare -F phase_$phase > /dev/null || { log "unknown phase $phase"; continue; }
+    phase_$phase
+  done
+  bundle pack run run --spool $SPOOL --base $ROOT/pack --chunk-mib 14 2>/dev/null || true
   log "pipeline done"
   touch $P/done
 }
