@@ -7,8 +7,13 @@ For each shape (random weights, bf16): the KV cache is filled to the context wit
 forward of 1 token (an AR step) and of a 65-node tree (budget 64) is captured in a CUDA graph and
 replayed; time = median over replays (CUDA events, after warm-up). Bound = (weight bytes + K/V bytes the
 step reads) / the device-to-device copy bandwidth measured in the same run (bytes read + written).
-Variants: the fused Triton element-wise kernels or the PyTorch reference ops, x the Triton tree-attention
-kernel or SDPA. `--profile` prints the kernel table of the default variant's AR step per shape.
+Variants: the layer ops' fusion level (`Transformer.set_fused`: "gemm" = add+RMSNorm and SiLU*up fused
+into the following matrix product where timed faster per shape, "elementwise" = today's element-wise
+Triton kernels + cuBLAS, "reference" = PyTorch ops) x the Triton tree-attention kernel or SDPA, all
+timed in the same run. For "gemm" the per-shape choice (fused kernel vs unfused, CUDA-graph timed at
+the eager warm-up that precedes each capture) is printed. `--profile` prints the kernel table of the
+elementwise and gemm variants' eager AR step (triton attention) per shape. A variant that fails is
+reported and skipped.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from specbench.models.graphs import GraphedForward
 from specbench.trees.base import DraftTree
 
 CONTEXT = {"smollm2-135m-shape": 512, "qwen3-8b-shape": 2048}
-VARIANTS = (("fused", "triton"), ("reference", "triton"), ("fused", "sdpa"), ("reference", "sdpa"))
+VARIANTS = (("elementwise", "triton"), ("gemm", "triton"), ("reference", "triton"), ("elementwise", "sdpa"),
+            ("gemm", "sdpa"), ("reference", "sdpa"))
 
 
 def copy_bandwidth(nbytes: int = 4 << 30, repeats: int = 20) -> float:
@@ -69,6 +75,40 @@ def time_graph(fn, repeats: int) -> float:
     return statistics.median(times)  # ms
 
 
+def bench_variant(model, cache, ops: str, attention: str, context: int, tree: DraftTree, repeats: int,
+                  profile: bool) -> tuple[dict, torch.Tensor]:
+    """One variant's AR and verify(65) graph times (and its AR step's logits [V], to compare variants)."""
+    model.set_fused(ops)
+    model.set_attention(attention)
+    graphed = GraphedForward(model, cache, buckets=[1, 65])  # each bucket warmed up eagerly, then captured
+    row: dict = {"ops": ops, "attention": attention}
+    logits = None
+    for label, n in (("ar", 1), ("verify65", 65)):
+        t = tree if n == 65 else DraftTree.root_only(7, "cuda")
+
+        def step(t=t):  # the forward never moves the lengths: every replay reads the same context
+            return graphed(t.tokens[None], (context + t.depth)[None], t.ancestor_mask[None])
+
+        cache.lengths.fill_(context)
+        row[f"{label}_ms"] = time_graph(step, repeats)
+        if n == 1:
+            logits = step().logits[0, 0].float().clone()
+    choices = [c for op in (model.ops.add_rmsnorm_linear, model.ops.silu_mul_linear) if hasattr(op, "choices")
+               for c in op.choices()]
+    if choices:
+        row["gemm_choices"] = choices
+    if profile and attention == "triton" and ops != "reference":
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        t = DraftTree.root_only(7, "cuda")
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:  # the eager forward: the graph's kernels
+            for _ in range(10):
+                model(t.tokens[None], (context + t.depth)[None], cache, t.ancestor_mask[None])
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70))
+    return row, logits  # the graphs go with `graphed`
+
+
 def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool) -> list[dict]:
     target = load_target(f"random:{shape}", device="cuda", dtype="bfloat16")
     model, cfg = target.model, target.config
@@ -79,39 +119,31 @@ def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool) -> li
     cache.v.normal_(generator=g)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied matrix once
     kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * context * cfg.head_dim * cache.k.element_size()
+    bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
     tree = random_tree(65, 0)
-    rows = []
+    rows, first_logits = [], None
     for ops, attention in VARIANTS:
-        model.set_fused(ops == "fused")
-        model.set_attention(attention)
-        graphed = GraphedForward(model, cache, buckets=[1, 65])
-        row = {"shape": shape, "ops": ops, "attention": attention, "context": context,
-               "weight_MB": weight_bytes / 1e6, "kv_MB": kv_bytes / 1e6}
-        for label, n in (("ar", 1), ("verify65", 65)):
-            t = tree if n == 65 else DraftTree.root_only(7, "cuda")
-
-            def step(t=t):  # the forward never moves the lengths: every replay reads the same context
-                graphed(t.tokens[None], (context + t.depth)[None], t.ancestor_mask[None])
-
-            cache.lengths.fill_(context)
-            row[f"{label}_ms"] = time_graph(step, repeats)
-        bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
-        row.update(bound_ms=bound_ms, pct_of_bound=100 * bound_ms / row["ar_ms"], ar_tok_s=1e3 / row["ar_ms"],
-                   verify_over_ar=row["verify65_ms"] / row["ar_ms"])
+        try:  # one variant failing (a kernel that does not compile here) does not lose the others' figures
+            row, logits = bench_variant(model, cache, ops, attention, context, tree, repeats, profile)
+        except Exception as exc:  # noqa: BLE001
+            print(f"{shape:>20} {ops:>11} {attention:>6}: FAILED {type(exc).__name__}: {exc}", flush=True)
+            rows.append({"shape": shape, "ops": ops, "attention": attention, "error": f"{type(exc).__name__}: {exc}"})
+            torch.cuda.synchronize()
+            continue
+        if first_logits is None:
+            first_logits = logits
+        row.update(shape=shape, context=context, weight_MB=weight_bytes / 1e6, kv_MB=kv_bytes / 1e6, bound_ms=bound_ms,
+                   pct_of_bound=100 * bound_ms / row["ar_ms"], ar_tok_s=1e3 / row["ar_ms"],
+                   verify_over_ar=row["verify65_ms"] / row["ar_ms"],
+                   ar_logits_rel_err=float((logits - first_logits).norm() / first_logits.norm()))
         rows.append(row)
-        print(f"{shape:>20} {ops:>9} {attention:>6}: AR {row['ar_ms']:.3f} ms ({row['ar_tok_s']:.0f} tok/s, "
+        print(f"{shape:>20} {ops:>11} {attention:>6}: AR {row['ar_ms']:.3f} ms ({row['ar_tok_s']:.0f} tok/s, "
               f"{row['pct_of_bound']:.0f}% of the {bound_ms:.3f} ms bound), verify(65) {row['verify65_ms']:.3f} ms "
-              f"= {row['verify_over_ar']:.2f}x AR", flush=True)
-        if profile and (ops, attention) == VARIANTS[0]:
-            from torch.profiler import ProfilerActivity, profile as torch_profile
-
-            t = DraftTree.root_only(7, "cuda")
-            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:  # the eager forward: the graph's kernels
-                for _ in range(10):
-                    model(t.tokens[None], (context + t.depth)[None], cache, t.ancestor_mask[None])
-                torch.cuda.synchronize()
-            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70))
-        del graphed
+              f"= {row['verify_over_ar']:.2f}x AR; AR logits vs {VARIANTS[0][0]}/{VARIANTS[0][1]}: rel err "
+              f"{row['ar_logits_rel_err']:.1e}", flush=True)
+        for c in row.get("gemm_choices", []):
+            print(f"{'':>24}{c['op']:>20} {' '.join(str(tuple(t)) for t in c['shapes'])}: fused "
+                  f"{1e3 * c['fused_ms']:.1f} us, unfused {1e3 * c['fallback_ms']:.1f} us -> {c['uses']}")
     model.set_fused(True)
     del target, cache
     torch.cuda.empty_cache()
@@ -131,8 +163,11 @@ def main() -> None:
     rows = []
     for shape in args.shapes.split(","):
         rows += bench_shape(shape, bw, args.repeats, args.profile)
-    print("\n| shape | ops | attention | AR ms | tok/s | % of bound | verify(65) ms | verify/AR |\n|---|---|---|---:|---:|---:|---:|---:|")
+    print("\n| shape | level | attention | AR ms | tok/s | % of bound | verify(65) ms | verify/AR |\n|---|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
+        if "error" in r:
+            print(f"| {r['shape']} | {r['ops']} | {r['attention']} | failed: {r['error'][:60]} | | | | |")
+            continue
         print(f"| {r['shape']} | {r['ops']} | {r['attention']} | {r['ar_ms']:.3f} | {r['ar_tok_s']:.0f} | "
               f"{r['pct_of_bound']:.0f} | {r['verify65_ms']:.3f} | {r['verify_over_ar']:.2f} |")
     if args.out:

@@ -13,6 +13,9 @@ kernels run only under TRITON_INTERPRET=1 (set before import).
   tree_attention.py   tree_attention (the target's verify pass) over context_attention (the general form)
   tree_accept.py      greedy acceptance on the GPU (one host read per round)
   kv_compact.py       move the accepted path's K/V to the prefix, all layers in one launch
+  fused.py            the decoder layer's element-wise ops (add+RMSNorm, q/k-norm+RoPE+K/V write, SiLU*up)
+  norm_linear.py      add+RMSNorm / SiLU*up fused into the matrix product after them (decode, verify rows)
+  per_shape.py        the faster of a fused kernel and its unfused composition, timed once per shape
   masks.py            packed bitmasks (pack_tree_mask, block_causal_mask)
   device.py           where the kernels may run (CUDA, or the CPU under TRITON_INTERPRET=1)
   reference.py        the references the tests compare against

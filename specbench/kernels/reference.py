@@ -124,3 +124,16 @@ def silu_mul_reference(gate_up: Tensor) -> Tensor:
     """gate_up [..., 2I] -> silu(gate) * up [..., I]."""
     gate, up = gate_up.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
+
+
+def add_rmsnorm_linear_reference(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
+                                 bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`specbench.kernels.norm_linear.add_rmsnorm_linear` as the composition it fuses: (F.linear(RMSNorm(x + delta)
+    * norm_weight, weight, bias), x + delta)."""
+    h, resid = rmsnorm_reference(x, norm_weight, eps, delta)
+    return torch.nn.functional.linear(h, weight, bias), resid
+
+
+def silu_mul_linear_reference(gate_up: Tensor, weight: Tensor) -> Tensor:
+    """`specbench.kernels.norm_linear.silu_mul_linear` as its composition: F.linear(silu(gate) * up, weight)."""
+    return torch.nn.functional.linear(silu_mul_reference(gate_up), weight)

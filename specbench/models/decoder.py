@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from specbench.kernels.reference import qkv_rope_reference, rmsnorm_reference, silu_mul_reference
+from specbench.kernels.reference import (add_rmsnorm_linear_reference, qkv_rope_reference, rmsnorm_reference,
+                                        silu_mul_linear_reference, silu_mul_reference)
 from specbench.models.config import ModelConfig
 
 
@@ -240,27 +241,49 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class LayerOps:
-    """The element-wise work between a layer's matrix products. `REFERENCE_OPS` are plain PyTorch (the
-    CPU path, and what the kernels are tested against); `fused_ops()` are the Triton kernels of
-    `specbench.kernels.fused` (one launch each instead of several), used on CUDA.
+    """The element-wise work of a layer, alone or fused into the matrix product after it. `REFERENCE_OPS`
+    are plain PyTorch (the CPU path, and what the kernels are tested against); `fused_ops(level)` are
+    Triton kernels for CUDA (one launch each instead of several).
 
     norm(x, weight, eps, delta) -> (RMSNorm(x + delta) * weight, x + delta)
     qkv_rope(qkv, cos, sin, H, Hkv, D, k_cache, v_cache, slots, q_norm, k_norm, eps) -> q [B, H, N, D]
     silu_mul(gate_up) -> silu(gate) * up
+    add_rmsnorm_linear(x, delta, norm_weight, eps, weight, bias) -> (F.linear(norm(x + delta), weight, bias), x + delta)
+    silu_mul_linear(gate_up, weight) -> F.linear(silu(gate) * up, weight)
     """
 
     norm: Callable[..., tuple[Tensor, Tensor]]
     qkv_rope: Callable[..., Tensor | None]
     silu_mul: Callable[[Tensor], Tensor]
+    add_rmsnorm_linear: Callable[..., tuple[Tensor, Tensor]]
+    silu_mul_linear: Callable[[Tensor, Tensor], Tensor]
 
 
-REFERENCE_OPS = LayerOps(rmsnorm_reference, qkv_rope_reference, silu_mul_reference)
+REFERENCE_OPS = LayerOps(rmsnorm_reference, qkv_rope_reference, silu_mul_reference, add_rmsnorm_linear_reference,
+                         silu_mul_linear_reference)
+FUSED_LEVELS = ("reference", "elementwise", "gemm")
+CUDA_FUSED_LEVEL = "elementwise"  # the default on CUDA (`build_model`); "gemm" once measured faster on the device
 
 
-def fused_ops() -> LayerOps:
+def fused_ops(level: str = "elementwise") -> LayerOps:
+    """The Triton ops of a fusion level: "elementwise" = the element-wise kernels of
+    `specbench.kernels.fused` between cuBLAS products; "gemm" = besides those, add+RMSNorm and SiLU*up
+    fused into the product after them (`specbench.kernels.norm_linear`) for the few rows of decode and
+    verify, per shape only where timing on the device shows the fused kernel faster (`FasterPerShape`)."""
     from specbench.kernels.fused import qkv_rope, rmsnorm, silu_mul
+    from specbench.kernels import norm_linear as nl
 
-    return LayerOps(rmsnorm, qkv_rope, silu_mul)
+    if level == "elementwise":
+        return LayerOps(rmsnorm, qkv_rope, silu_mul, nl.add_rmsnorm_then_linear, nl.silu_mul_then_linear)
+    if level != "gemm":
+        raise ValueError(f"unknown fused level {level!r}; choose one of {', '.join(FUSED_LEVELS)}")
+    from specbench.kernels.per_shape import FasterPerShape
+
+    return LayerOps(rmsnorm, qkv_rope, silu_mul,
+                    FasterPerShape(nl.add_rmsnorm_linear, nl.add_rmsnorm_then_linear, nl.add_rmsnorm_linear_fits,
+                                   "add_rmsnorm_linear"),
+                    FasterPerShape(nl.silu_mul_linear, nl.silu_mul_then_linear, nl.silu_mul_linear_fits,
+                                   "silu_mul_linear"))
 
 
 class Attention(nn.Module):
@@ -277,17 +300,27 @@ class Attention(nn.Module):
     def project(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
                 ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """q [B, H, N, D] of x [B, N, d]; the new K/V are written into the caches at `slots` [B, N]."""
+        return self.split_heads(self.wqkv(x), cos, sin, k_cache, v_cache, slots, ops)
+
+    def split_heads(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
+                    ops: LayerOps = REFERENCE_OPS) -> Tensor:
+        """`project` from the projection qkv [B, N, (H + 2 Hkv) D] itself (q/k-norm, RoPE, K/V into the caches)."""
         norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)  # type: ignore[union-attr]
         eps = self.q_norm.eps if self.q_norm is not None else 1e-6
-        return ops.qkv_rope(self.wqkv(x), cos, sin, self.n_heads, self.n_kv, self.head_dim, k_cache, v_cache, slots,
-                            *norms, eps=eps)
+        return ops.qkv_rope(qkv, cos, sin, self.n_heads, self.n_kv, self.head_dim, k_cache, v_cache, slots, *norms,
+                            eps=eps)
+
+    def attend_projected(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                         slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:
+        """The attention block's output [B, N, d] from the projection qkv [B, N, (H + 2 Hkv) D]."""
+        b, n, _ = qkv.shape
+        q = self.split_heads(qkv, cos, sin, k_cache, v_cache, slots, ops)
+        y = attend(q, k_cache, v_cache, meta, self.scale)  # [B, H, N, D]
+        return self.wo(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:
-        b, n, _ = x.shape
-        q = self.project(x, cos, sin, k_cache, v_cache, slots, ops)
-        y = attend(q, k_cache, v_cache, meta, self.scale)  # [B, H, N, D]
-        return self.wo(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
+        return self.attend_projected(self.wqkv(x), cos, sin, k_cache, v_cache, slots, meta, attend, ops)
 
 
 class MLP(nn.Module):
@@ -312,11 +345,14 @@ class DecoderLayer(nn.Module):
              slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS
              ) -> tuple[Tensor, Tensor]:
         """The layer on the residual stream x + delta (delta None: x), returned the same way, so each
-        residual add is fused into the norm that follows it."""
-        h, x = ops.norm(x, self.attn_norm.weight, self.attn_norm.eps, delta)
-        a = self.attn(h, cos, sin, k_cache, v_cache, slots, meta, attend, ops)
-        h, x = ops.norm(x, self.mlp_norm.weight, self.mlp_norm.eps, a)
-        return x, self.mlp(h, ops)
+        residual add is fused into the norm that follows it (and, at the "gemm" level, each norm into
+        the projection after it, SiLU*up into the down projection)."""
+        attn, mlp = self.attn, self.mlp
+        qkv, x = ops.add_rmsnorm_linear(x, delta, self.attn_norm.weight, self.attn_norm.eps, attn.wqkv.weight,
+                                        attn.wqkv.bias)
+        a = attn.attend_projected(qkv, cos, sin, k_cache, v_cache, slots, meta, attend, ops)
+        gate_up, x = ops.add_rmsnorm_linear(x, a, self.mlp_norm.weight, self.mlp_norm.eps, mlp.w_gate_up.weight, None)
+        return x, ops.silu_mul_linear(gate_up, mlp.w_down.weight)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:
@@ -345,7 +381,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.attention = attention
         self._attend = get_attention_backend(attention)
-        self.ops = REFERENCE_OPS
+        self.ops, self.fused_level = REFERENCE_OPS, "reference"
         self.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
 
     def set_attention(self, name: str) -> None:
@@ -356,9 +392,13 @@ class Transformer(nn.Module):
     def fused(self) -> bool:
         return self.ops is not REFERENCE_OPS
 
-    def set_fused(self, fused: bool) -> None:
-        """Fused Triton element-wise kernels (`fused_ops`, CUDA) or the PyTorch reference ops."""
-        self.ops = fused_ops() if fused else REFERENCE_OPS
+    def set_fused(self, level: str | bool) -> None:
+        """The layer ops of a fusion level (`FUSED_LEVELS`): "reference" (PyTorch, any device), or the
+        Triton kernels of `fused_ops(level)` (CUDA). True / False: `CUDA_FUSED_LEVEL` / "reference"."""
+        if isinstance(level, bool):
+            level = CUDA_FUSED_LEVEL if level else "reference"
+        self.ops = REFERENCE_OPS if level == "reference" else fused_ops(level)
+        self.fused_level = level
 
     def new_cache(self, batch: int, max_seq_len: int, num_layers: int | None = None) -> KVCache:
         cfg = self.config
@@ -421,6 +461,8 @@ class Transformer(nn.Module):
             x, delta = x[:, -1:], delta[:, -1:]
         elif logits_rows is not None:
             x, delta = x[:, logits_rows], delta[:, logits_rows]
-        final, _ = ops.norm(x, self.norm.weight, self.norm.eps, delta)
-        return ForwardOutput(logits=self.lm_head(final), hidden=hidden,
-                             final_hidden=final if return_final_hidden else None)
+        if return_final_hidden:
+            final, _ = ops.norm(x, self.norm.weight, self.norm.eps, delta)
+            return ForwardOutput(logits=self.lm_head(final), hidden=hidden, final_hidden=final)
+        logits, _ = ops.add_rmsnorm_linear(x, delta, self.norm.weight, self.norm.eps, self.lm_head.weight, None)
+        return ForwardOutput(logits=logits, hidden=hidden)

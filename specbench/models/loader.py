@@ -107,11 +107,11 @@ def native_to_hf(cfg: ModelConfig, sd: Mapping[str, Tensor]) -> dict[str, Tensor
 # --------------------------------------------------------------------------------------------
 def build_model(cfg: ModelConfig, state_dict: Mapping[str, Tensor] | None, *, dtype: torch.dtype,
                 device: str | torch.device, attention: str = "auto", seed: int = 0,
-                fused: bool | None = None) -> Transformer:
+                fused: str | bool | None = None) -> Transformer:
     """A Transformer with the given native state dict (or seeded random weights when None).
 
-    attention "auto": the Triton tree-attention kernel on CUDA, SDPA elsewhere. fused (None = on CUDA):
-    the fused Triton element-wise kernels between the matrix products (`LayerOps`)."""
+    attention "auto": the Triton tree-attention kernel on CUDA, SDPA elsewhere. fused: the `Transformer.set_fused`
+    level (None: `CUDA_FUSED_LEVEL` on CUDA, "reference" elsewhere)."""
     on_cuda = torch.device(device).type == "cuda"
     if attention == "auto":
         attention = "triton" if on_cuda else "sdpa"

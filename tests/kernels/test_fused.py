@@ -11,13 +11,7 @@ pytest.importorskip("triton", reason="the kernel tests need Triton (CUDA, or TRI
 from specbench.kernels.fused import qkv_rope, rmsnorm, silu_mul  # noqa: E402
 from specbench.kernels.reference import qkv_rope_reference, rmsnorm_reference, silu_mul_reference  # noqa: E402
 
-from kernel_cases import rel_err  # noqa: E402
-
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2 if torch.cuda.is_available() else 3e-2}  # interpreter casts truncate
-
-
-def exact_casts(device: str, dtype: torch.dtype) -> bool:
-    return dtype == torch.float32 or device == "cuda"
+from kernel_cases import TOL, exact_casts, rel_err  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,6 @@
-"""The decoder with the fused element-wise kernels equals the reference decoder (fp32, prefill and a
-tree verify pass, taps included), for each model family's quirks (Qwen3 q/k norm, Qwen2 biases)."""
+"""The decoder at each fused level (the element-wise kernels; those fused into the matrix products too)
+equals the reference decoder (fp32, prefill and a tree verify pass, taps included), for each model
+family's quirks (Qwen3 q/k norm, Qwen2 biases)."""
 
 from __future__ import annotations
 
@@ -14,22 +15,29 @@ from specbench.trees.base import DraftTree  # noqa: E402
 from kernel_cases import rel_err  # noqa: E402
 
 
+@pytest.mark.parametrize("level", ["elementwise", "gemm"])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
-def test_fused_forward_equals_reference(device, preset) -> None:
+def test_fused_forward_equals_reference(device, preset, level) -> None:
     target = load_target(f"random:{preset}@1", device=device, dtype="float32")
     model = target.model
     prompt = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0)).to(device)
     tree = DraftTree.from_paths(5, [[1, 2, 3], [4, 6], [1, 7]], device=device)
     outs = []
-    for fused in (False, True):
+    for fused in ("reference", level):
         model.set_fused(fused)
         cache = target.new_cache(32)
         pre = model(prompt, torch.arange(9, device=device)[None], cache, None, taps=(0, 1))
         cache.advance(9)
         ver = model(tree.tokens[None], (9 + tree.depth)[None], cache, tree.ancestor_mask[None], taps=(1,))
         outs.append((pre, ver, cache.k[:, :, :, : 9 + tree.num_nodes].clone()))
-    model.set_fused(False)
+    model.set_fused("reference")
     (pre_r, ver_r, k_r), (pre_f, ver_f, k_f) = outs
     assert rel_err(pre_f.logits, pre_r.logits) < 1e-5 and rel_err(ver_f.logits, ver_r.logits) < 1e-5
     assert rel_err(pre_f.hidden[0], pre_r.hidden[0]) < 1e-5 and rel_err(ver_f.hidden[1], ver_r.hidden[1]) < 1e-5
     assert rel_err(k_f, k_r) < 1e-5
+
+
+def test_unknown_level_is_refused() -> None:
+    model = load_target("random:tiny-llama@1", device="cpu", dtype="float32").model
+    with pytest.raises(ValueError, match="unknown fused level 'fast'; choose one of reference, elementwise, gemm"):
+        model.set_fused("fast")

@@ -54,7 +54,7 @@ def target_copy(target: TargetModel, device: torch.device) -> TargetModel:
     if src.config.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     model.inv_freq = src.inv_freq.to(device, copy=True)
-    model.ops = src.ops
+    model.set_fused(src.fused_level)
     model.eval().requires_grad_(False)
     return TargetModel(name=target.name, model=model, tokenizer=target.tokenizer, fingerprint=target.fingerprint,
                        eos_token_ids=target.eos_token_ids, meta=dict(target.meta))

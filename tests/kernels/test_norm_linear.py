@@ -1,0 +1,83 @@
+"""The norm/activation fused into the following matrix product (add+RMSNorm -> linear, SiLU*up -> linear)
+against the reference compositions, and the per-shape choice between fused and unfused (CUDA, or the
+interpreter: tiny shapes whose K and N are not multiples of the blocks; 1, 5, 17, 33 rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the kernel tests need Triton (CUDA, or TRITON_INTERPRET=1 on the CPU)")
+
+from specbench.kernels.norm_linear import (MAX_ROWS, add_rmsnorm_linear, add_rmsnorm_linear_fits,  # noqa: E402
+                                           add_rmsnorm_then_linear, silu_mul_linear)
+from specbench.kernels.per_shape import FasterPerShape  # noqa: E402
+from specbench.kernels.reference import add_rmsnorm_linear_reference, silu_mul_linear_reference  # noqa: E402
+
+from kernel_cases import TOL, exact_casts, rel_err  # noqa: E402
+
+K, N = 72, 40  # 2.25 x BLOCK_K, 2.5 x BLOCK_N under the interpreter
+
+
+def _randn(g: torch.Generator, *shape: int, dtype: torch.dtype, device: str, scale: float = 1.0) -> torch.Tensor:
+    return (scale * torch.randn(*shape, generator=g)).to(dtype).to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 5, 17, 33])
+@pytest.mark.parametrize("with_delta, with_bias", [(False, False), (True, False), (False, True), (True, True)])
+def test_add_rmsnorm_linear_matches_reference(device, dtype, m, with_delta, with_bias) -> None:
+    g = torch.Generator().manual_seed(m * 10 + 2 * with_delta + with_bias)
+    x = _randn(g, 1, m, K, dtype=dtype, device=device)
+    delta = _randn(g, 1, m, K, dtype=dtype, device=device) if with_delta else None
+    nw = (1 + _randn(g, K, dtype=torch.float32, device=device, scale=0.1)).to(dtype)
+    w = _randn(g, N, K, dtype=dtype, device=device, scale=K ** -0.5)
+    bias = _randn(g, N, dtype=dtype, device=device) if with_bias else None
+    y, resid = add_rmsnorm_linear(x, delta, nw, 1e-5, w, bias)
+    y_ref, resid_ref = add_rmsnorm_linear_reference(x, delta, nw, 1e-5, w, bias)
+    assert y.shape == (1, m, N) and y.dtype == dtype and resid.shape == x.shape
+    assert rel_err(y, y_ref) <= TOL[dtype]
+    if delta is None:
+        assert resid is x
+    else:
+        assert torch.equal(resid, resid_ref) if exact_casts(device, dtype) else rel_err(resid, resid_ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 5, 17, 33])
+def test_silu_mul_linear_matches_reference(device, dtype, m) -> None:
+    g = torch.Generator().manual_seed(m)
+    gate_up = _randn(g, m, 2 * K, dtype=dtype, device=device, scale=3.0)
+    w = _randn(g, N, K, dtype=dtype, device=device, scale=K ** -0.5)
+    y = silu_mul_linear(gate_up, w)
+    assert y.shape == (m, N) and y.dtype == dtype
+    assert rel_err(y, silu_mul_linear_reference(gate_up, w)) <= TOL[dtype]
+
+
+def test_mixed_dtypes_are_refused(device) -> None:
+    x = torch.randn(2, K).to(device)
+    with pytest.raises(ValueError, match="one dtype"):
+        add_rmsnorm_linear(x, None, torch.ones(K).to(device), 1e-5, torch.randn(N, K).to(torch.bfloat16).to(device))
+
+
+def test_per_shape_choice_falls_back_where_the_kernel_does_not_fit(device) -> None:
+    """Rows beyond MAX_ROWS (prefill) take the unfused path, so do mixed dtypes; both give the reference."""
+    calls: list[str] = []
+
+    def fused(*args):
+        calls.append("fused")
+        return add_rmsnorm_linear(*args)
+
+    def fallback(*args):
+        calls.append("fallback")
+        return add_rmsnorm_then_linear(*args)
+
+    op = FasterPerShape(fused, fallback, add_rmsnorm_linear_fits, "add_rmsnorm_linear")
+    g = torch.Generator().manual_seed(0)
+    w, nw = _randn(g, N, K, dtype=torch.float32, device=device), torch.ones(K).to(device)
+    for m in (3, MAX_ROWS + 1):
+        x = _randn(g, m, K, dtype=torch.float32, device=device)
+        y, _ = op(x, None, nw, 1e-5, w, None)
+        assert rel_err(y, add_rmsnorm_linear_reference(x, None, nw, 1e-5, w)[0]) <= 1e-5
+    assert calls[-1] == "fallback" and (device == "cuda" or calls[0] == "fused")
+    assert not add_rmsnorm_linear_fits(x[:2], None, nw.double(), 1e-5, w, None)
