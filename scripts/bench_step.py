@@ -109,7 +109,8 @@ def bench_variant(model, cache, ops: str, attention: str, context: int, tree: Dr
     return row, logits  # the graphs go with `graphed`
 
 
-def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool) -> list[dict]:
+def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool,
+                variants: tuple[tuple[str, str], ...] = VARIANTS) -> list[dict]:
     target = load_target(f"random:{shape}", device="cuda", dtype="bfloat16")
     model, cfg = target.model, target.config
     context = CONTEXT.get(shape, 1024)
@@ -122,7 +123,7 @@ def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool) -> li
     bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
     tree = random_tree(65, 0)
     rows, first_logits = [], None
-    for ops, attention in VARIANTS:
+    for ops, attention in variants:
         try:  # one variant failing (a kernel that does not compile here) does not lose the others' figures
             row, logits = bench_variant(model, cache, ops, attention, context, tree, repeats, profile)
         except Exception as exc:  # noqa: BLE001
@@ -139,7 +140,7 @@ def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool) -> li
         rows.append(row)
         print(f"{shape:>20} {ops:>11} {attention:>6}: AR {row['ar_ms']:.3f} ms ({row['ar_tok_s']:.0f} tok/s, "
               f"{row['pct_of_bound']:.0f}% of the {bound_ms:.3f} ms bound), verify(65) {row['verify65_ms']:.3f} ms "
-              f"= {row['verify_over_ar']:.2f}x AR; AR logits vs {VARIANTS[0][0]}/{VARIANTS[0][1]}: rel err "
+              f"= {row['verify_over_ar']:.2f}x AR; AR logits vs {variants[0][0]}/{variants[0][1]}: rel err "
               f"{row['ar_logits_rel_err']:.1e}", flush=True)
         for c in row.get("gemm_choices", []):
             print(f"{'':>24}{c['op']:>20} {' '.join(str(tuple(t)) for t in c['shapes'])}: fused "
@@ -155,14 +156,20 @@ def main() -> None:
     p.add_argument("--shapes", default="smollm2-135m-shape,qwen3-8b-shape")
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--variants", default=",".join(f"{o}/{a}" for o, a in VARIANTS),
+                   help="LEVEL/ATTENTION pairs to time, the first is the logits reference (default: all)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    variants = tuple(tuple(v.split("/")) for v in args.variants.split(","))
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        p.error(f"--variants: unknown {bad}; choose from {', '.join(f'{o}/{a}' for o, a in VARIANTS)}")
     torch.set_grad_enabled(False)
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
     rows = []
     for shape in args.shapes.split(","):
-        rows += bench_shape(shape, bw, args.repeats, args.profile)
+        rows += bench_shape(shape, bw, args.repeats, args.profile, variants)
     print("\n| shape | level | attention | AR ms | tok/s | % of bound | verify(65) ms | verify/AR |\n|---|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:

@@ -16,6 +16,11 @@
 #            budgets 16/64/256) until TAU_END_S
 #   ablate   a fresh run of ABL_HEADS with one more head per value of ABL_GRID (from scratch, so the heads
 #            compare at equal tokens) until ABL_TRAIN_END_S, then scripts/ablation_table.py until ABL_END_S
+#   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
+#            Qwen3-8B shapes); the faster level on SmolLM2's AR step becomes SPECBENCH_FUSED_LEVEL for what follows
+#   gputests python -m pytest -m gpu tests/gpu (SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD when given)
+#   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S)
+#   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD; FS_END_S)
 #   eval     the new heads installed as the shipped ones, then: foresight GPU tests, recorded rounds and
 #            calibration (foresight_hits), Table 3 (foresight_table) at chain:16 and ddtree:64, the
 #            per-stage round table of every drafter, each cut by its own timeout (PIPE_END_S)
@@ -120,6 +125,65 @@ phase_ablate() {
   bundle pack ablation ablation --spool $SPOOL --base $P
 }
 
+phase_kernels() {
+  local K=$P/kernels; mkdir -p $K
+  log "kernel tests (CUDA)"
+  timeout ${KTEST_S:-120} python3 -m pytest tests/kernels/test_norm_linear.py tests/kernels/test_fused_decoder.py -q \
+    -p no:cacheprovider > $K/tests.txt 2>&1; tail -4 $K/tests.txt
+  log "bench_step"
+  timeout ${BENCH_S:-180} python3 scripts/bench_step.py --shapes smollm2-135m-shape,qwen3-8b-shape \
+    --variants ${BENCH_VARIANTS:-elementwise/triton,gemm/triton} --out $K/bench_step.json > $K/bench_step.txt 2>&1
+  grep -v "^ *$" $K/bench_step.txt | tail -30
+  local level
+  level=$(python3 - $K/bench_step.json <<'EOF'
+import json, sys
+try:
+    rows = [r for r in json.load(open(sys.argv[1]))["rows"] if "error" not in r and r["shape"].startswith("smollm2")]
+except (OSError, ValueError, KeyError):
+    rows = []
+ms = {r["ops"]: r["ar_ms"] for r in rows if r["attention"] == "triton"}
+print("gemm" if "gemm" in ms and "elementwise" in ms and ms["gemm"] < ms["elementwise"] else "elementwise")
+EOF
+)
+  export SPECBENCH_FUSED_LEVEL=${FORCE_LEVEL:-$level}; log "fused level for what follows: $SPECBENCH_FUSED_LEVEL"
+  echo $SPECBENCH_FUSED_LEVEL > $K/level.txt
+  bundle pack kernels kernels --spool $SPOOL --base $P
+}
+
+phase_gputests() {
+  local G=$P/gputests; mkdir -p $G
+  log "GPU tests"
+  SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m gpu tests/gpu -q \
+    -p no:cacheprovider -rs > $G/tests.txt 2>&1; tail -25 $G/tests.txt
+  bundle pack gputests gputests --spool $SPOOL --base $P
+}
+
+phase_rounds() {
+  local R=$P/rounds; mkdir -p $R
+  log "round table"
+  timeout $(left ${ROUNDS_END_S:-600}) python3 -m specbench.cli run experiments/round_table.py --device $DEVICE --dtype $DTYPE \
+    --data-dir $SPECBENCH_DATA --out $R/round_table > $R/round_table.txt 2>&1
+  tail -30 $R/round_table.txt
+  python3 -m specbench.cli table $R/round_table/results.jsonl --rows drafter,tree,budget --cols dataset \
+    --value tau,decode_tok_s,speedup_decode,draft_ms,tree_ms,verify_forward_ms,verify_ms,commit_ms,round_ms,overhead_frac \
+    > $R/stages.txt 2>&1; cat $R/stages.txt | head -60
+  bundle pack rounds rounds --spool $SPOOL --base $P
+}
+
+phase_fstable() {
+  local F=$P/fstable tree; mkdir -p $F
+  for tree in ${FS_TREES:-chain:16}; do
+    [ $(left ${FS_END_S:-700}) -lt 45 ] && { log "no time for the $tree foresight table"; continue; }
+    log "foresight_table $tree"
+    timeout $(left ${FS_END_S:-700}) python3 scripts/foresight_table.py --data $SPECBENCH_DATA --device $DEVICE --dtype $DTYPE \
+      --target $TARGET --head ${JPP_HEAD:?} --tree $tree --n ${FS_N:-5} --max-new-tokens 256 \
+      --configs "${FS_CONFIGS:-ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined}" \
+      --out $F/table_${tree%%:*}.jsonl > $F/table_${tree%%:*}.txt 2>&1
+    grep -v "^foresight_table:" $F/table_${tree%%:*}.txt | tail -20
+  done
+  bundle pack fstable fstable --spool $SPOOL --base $P
+}
+
 phase_eval() {  # the new heads are the shipped ones for this copy
   for h in dflash jetspec jetspec-tree eagle3; do
     [ -d $RUN/heads/$h ] && rm -rf specbench/heads/$h-smollm2-135m && mkdir -p specbench/heads/$h-smollm2-135m && \
@@ -161,7 +225,7 @@ run_pipeline() {
     declare -F phase_$phase > /dev/null || { log "unknown phase $phase"; continue; }
     phase_$phase
   done
-  bundle pack run run --spool $SPOOL --base $ROOT/pack --chunk-mib 14 2>/dev/null || true
+  [ -d $ROOT/pack/run ] && bundle pack run run --spool $SPOOL --base $ROOT/pack --chunk-mib 14
   log "pipeline done"
   touch $P/done
 }

@@ -111,7 +111,8 @@ def build_model(cfg: ModelConfig, state_dict: Mapping[str, Tensor] | None, *, dt
     """A Transformer with the given native state dict (or seeded random weights when None).
 
     attention "auto": the Triton tree-attention kernel on CUDA, SDPA elsewhere. fused: the `Transformer.set_fused`
-    level (None: `CUDA_FUSED_LEVEL` on CUDA, "reference" elsewhere)."""
+    level (None: $SPECBENCH_FUSED_LEVEL if set, else `CUDA_FUSED_LEVEL`, on CUDA; "reference" elsewhere), so
+    one environment variable switches every script's target between levels for a same-machine comparison."""
     on_cuda = torch.device(device).type == "cuda"
     if attention == "auto":
         attention = "triton" if on_cuda else "sdpa"
@@ -131,7 +132,9 @@ def build_model(cfg: ModelConfig, state_dict: Mapping[str, Tensor] | None, *, dt
     model = model.to(dtype=dtype).eval().requires_grad_(False)
     # RoPE frequencies stay fp32: a bf16 copy is off by radians at position ~2000.
     model.inv_freq = _inv_freq(cfg).to(model.embed.weight.device)
-    model.set_fused(on_cuda if fused is None else fused)
+    if fused is None:
+        fused = os.environ.get("SPECBENCH_FUSED_LEVEL", "").strip() or on_cuda if on_cuda else False
+    model.set_fused(fused)
     return model
 
 
