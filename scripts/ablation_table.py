@@ -69,7 +69,8 @@ def measure_cost(args: argparse.Namespace, heads: dict[str, Path], budgets: list
     prompts = [turn_prompt_ids(target, p, 0, []) for p in load_dataset("gsm8k", args.data, n=args.cost_prompts)]
 
     def timed(decoder: SpecDecoder) -> tuple[float, float, float]:
-        decoder.generate(prompts[0], 16)  # warm-up (graph capture, allocator)
+        decoder.generate(prompts[0], args.cost_tokens)  # warm-up at the timed length (graph capture, JIT, the
+        # allocator): a 16-token warm-up left the first head's budget-64 rounds 2.5x slow on the H200
         rounds, decode, draft = 0, 0.0, 0.0
         for p in prompts:
             st = decoder.generate(p, args.cost_tokens).stats
