@@ -18,9 +18,10 @@ def num_words(n: int) -> int:
 
 
 def pack_tree_mask(mask: Tensor) -> Tensor:
-    """[..., N, N] bool -> [..., N, ceil(N / 32)] int32 (runs on the mask's device, no host sync)."""
-    if mask.dtype != torch.bool or mask.dim() < 2 or mask.shape[-1] != mask.shape[-2]:
-        raise ValueError(f"the mask must be a bool tensor [..., N, N], got {mask.dtype} {tuple(mask.shape)}")
+    """[..., N, M] bool -> [..., N, ceil(M / 32)] int32 (runs on the mask's device, no host sync). M = N for a
+    tree's ancestor mask; M > N when N queries see M new keys."""
+    if mask.dtype != torch.bool or mask.dim() < 2:
+        raise ValueError(f"the mask must be a bool tensor [..., N, M], got {mask.dtype} {tuple(mask.shape)}")
     n = mask.shape[-1]
     words = num_words(n)
     padded = torch.nn.functional.pad(mask.to(torch.int32), (0, words * BITS - n))  # [..., N, W*32]

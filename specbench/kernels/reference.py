@@ -23,18 +23,20 @@ def _masked_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, 
 
 def context_attention_reference(q: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_lengths: Tensor, new_k: Tensor,
                                 new_v: Tensor, mask_bits: Tensor, scale: float, *, new_after_context: bool = False,
-                                dtype: torch.dtype = torch.float64) -> Tensor:
-    """Row b's query i sees context keys [0, ctx_lengths[b]) and new key j iff bit j of mask row i.
+                                num_new: int | None = None, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Row b's query i sees context keys [0, ctx_lengths[b]) and new key j < num_new (default N) iff bit j
+    of mask row i.
     New key j sits at slot j of new_k, or at slot ctx_lengths[b] + j when new_after_context (the
     target's cache, where new_k is the cache itself). Returns [B, H, N, D] in `dtype`."""
     b_size, _, n, _ = q.shape
+    nk = n if num_new is None else num_new
     out = torch.empty(q.shape, dtype=dtype, device=q.device)
     for b in range(b_size):
         c = int(ctx_lengths[b])
         off = c if new_after_context else 0
-        keys = torch.cat([ctx_k[b, :, :c], new_k[b, :, off:off + n]], dim=1).to(dtype)  # [Hkv, C+N, D]
-        values = torch.cat([ctx_v[b, :, :c], new_v[b, :, off:off + n]], dim=1).to(dtype)
-        visible = torch.cat([torch.ones(n, c, dtype=torch.bool, device=q.device), unpack_tree_mask(mask_bits[b], n)], 1)
+        keys = torch.cat([ctx_k[b, :, :c], new_k[b, :, off:off + nk]], dim=1).to(dtype)  # [Hkv, C+NK, D]
+        values = torch.cat([ctx_v[b, :, :c], new_v[b, :, off:off + nk]], dim=1).to(dtype)
+        visible = torch.cat([torch.ones(n, c, dtype=torch.bool, device=q.device), unpack_tree_mask(mask_bits[b], nk)], 1)
         out[b] = _masked_attention(q[b].to(dtype), keys, values, visible, scale)
     return out
 

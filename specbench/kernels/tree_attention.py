@@ -69,7 +69,7 @@ def _attention_kernel(
     stride_vnb, stride_vnh, stride_vns,
     stride_bb, stride_bn,
     stride_ob, stride_oh, stride_on,
-    N, HKV, G, num_splits, qk_scale,
+    N, NK, HKV, G, num_splits, qk_scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
     SPLIT: tl.constexpr, NEW_AFTER_CTX: tl.constexpr, LOWER: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr,
@@ -121,19 +121,19 @@ def _attention_kernel(
         if NEW_AFTER_CTX:  # the target's cache: the tree's keys follow the row's prefix
             kn += ctx_len.to(tl.int64) * stride_kns
             vn += ctx_len.to(tl.int64) * stride_vns
-        if LOWER:  # query i sees no key j > i: stop after this tile's last node
-            n_hi = tl.minimum(N, ((pid_m + 1) * BLOCK_M - 1) // G + 1)
+        if LOWER:  # query i sees no key j > i: stop after this tile's last node (NK == N)
+            n_hi = tl.minimum(NK, ((pid_m + 1) * BLOCK_M - 1) // G + 1)
         else:
-            n_hi = N
+            n_hi = NK
         bits_row = Bits + b * stride_bb + node * stride_bn  # [M]
         bit = tl.arange(0, 32)
         for start in range(0, n_hi, 32):  # one mask word per row and tile: a [M] gather, not [M, S]
             j = start + bit
-            in_range = j < N
+            in_range = j < NK
             k = tl.load(kn + j[:, None] * stride_kns + d[None, :], mask=in_range[:, None], other=0.0)
             v = tl.load(vn + j[:, None] * stride_vns + d[None, :], mask=in_range[:, None], other=0.0)
             word = tl.load(bits_row + start // 32, mask=row_ok, other=0)
-            visible = ((word[:, None] >> bit[None, :]) & 1) != 0  # [M, 32]; bits past N are 0
+            visible = ((word[:, None] >> bit[None, :]) & 1) != 0  # [M, 32]; bits past NK are 0
             qk = _scores(q, k, qk_scale, IEEE, UPCAST)
             qk = tl.where(visible, qk, float("-inf"))
             m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, IEEE, UPCAST)
@@ -216,7 +216,7 @@ def plan_attention(batch: int, kv_heads: int, group: int, n: int, context_hint: 
     return AttentionConfig(block_m, block_s, warps, stages, splits)
 
 
-def _check(q: Tensor, tensors: dict[str, Tensor], ctx_lengths: Tensor, mask_bits: Tensor) -> None:
+def _check(q: Tensor, tensors: dict[str, Tensor], ctx_lengths: Tensor, mask_bits: Tensor, num_new: int) -> None:
     if q.dim() != 4:
         raise ValueError(f"q must be [B, H, N, D], got {tuple(q.shape)}")
     b, h, n, d = q.shape
@@ -240,8 +240,8 @@ def _check(q: Tensor, tensors: dict[str, Tensor], ctx_lengths: Tensor, mask_bits
     if ctx_lengths.shape != (b,) or ctx_lengths.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"lengths must be an int32/int64 tensor [B={b}], got {ctx_lengths.dtype} {tuple(ctx_lengths.shape)}")
     if mask_bits.dtype != torch.int32 or mask_bits.dim() != 3 or mask_bits.shape[:2] != (b, n) \
-            or mask_bits.shape[2] < num_words(n) or mask_bits.stride(2) != 1:
-        raise ValueError(f"the mask must be packed int32 [B={b}, N={n}, >= {num_words(n)}] (pack_tree_mask), "
+            or mask_bits.shape[2] < num_words(num_new) or mask_bits.stride(2) != 1:
+        raise ValueError(f"the mask must be packed int32 [B={b}, N={n}, >= {num_words(num_new)}] (pack_tree_mask), "
                          f"got {mask_bits.dtype} {tuple(mask_bits.shape)}")
     if ctx_lengths.device != q.device or mask_bits.device != q.device:
         raise ValueError("lengths and mask must be on q's device")
@@ -249,24 +249,30 @@ def _check(q: Tensor, tensors: dict[str, Tensor], ctx_lengths: Tensor, mask_bits
 
 def context_attention(q: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_lengths: Tensor, new_k: Tensor, new_v: Tensor,
                       mask_bits: Tensor, scale: float, *, new_after_context: bool = False,
-                      lower_triangular: bool = False, context_hint: int | None = None,
+                      lower_triangular: bool = False, context_hint: int | None = None, num_new: int | None = None,
                       config: AttentionConfig | None = None, out: Tensor | None = None) -> Tensor:
-    """Attention of N new queries over a visible prefix plus N masked new keys.
+    """Attention of N new queries over a visible prefix plus NK masked new keys (NK = `num_new`, default N:
+    a tree's nodes; more than N when the queries are the last few of the new entries, e.g. one depth of a
+    draft tree attending to every node drafted so far).
 
     q [B, H, N, D]; ctx_k/ctx_v [B, Hkv, S_ctx, D] (row b's prefix = slots [0, ctx_lengths[b]));
     new_k/new_v [B, Hkv, S_new, D]: new key j at slot j, or at ctx_lengths[b] + j when
     `new_after_context` (the target's cache, passed as both ctx and new); mask_bits [B, N, W] int32
-    from `pack_tree_mask` (query i sees new key j iff bit j of row i). `lower_triangular` promises that
-    no query sees a later new key (tree and causal masks), so those tiles are skipped.
+    from `pack_tree_mask` (query i sees new key j < NK iff bit j of row i). `lower_triangular` promises
+    that no query sees a later new key (tree and causal masks; needs NK = N), so those tiles are skipped.
     `context_hint` >= max prefix length (host int) sizes the split; it never affects results.
     Returns [B, H, N, D] in q's dtype (into `out` if given). A row that sees no key at all is 0.
     """
-    _check(q, {"ctx_k": ctx_k, "ctx_v": ctx_v, "new_k": new_k, "new_v": new_v}, ctx_lengths, mask_bits)
+    n = q.shape[2]
+    nk = n if num_new is None else num_new
+    _check(q, {"ctx_k": ctx_k, "ctx_v": ctx_v, "new_k": new_k, "new_v": new_v}, ctx_lengths, mask_bits, nk)
     b, h, n, d = q.shape
     hkv = ctx_k.shape[1]
     group = h // hkv
-    if not new_after_context and new_k.shape[2] < n:
-        raise ValueError(f"new_k has {new_k.shape[2]} slots for {n} queries")
+    if lower_triangular and nk != n:
+        raise ValueError(f"lower_triangular needs as many new keys as queries, got {nk} for {n}")
+    if not new_after_context and new_k.shape[2] < nk:
+        raise ValueError(f"new_k has {new_k.shape[2]} slots for {nk} new keys")
     if q.stride(3) != 1:
         q = q.contiguous()
     if out is None:
@@ -294,7 +300,7 @@ def context_attention(q: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_lengths: Tens
         new_v.stride(0), new_v.stride(1), new_v.stride(2),
         mask_bits.stride(0), mask_bits.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        n, hkv, group, cfg.num_splits, scale * LOG2E,
+        n, nk, hkv, group, cfg.num_splits, scale * LOG2E,
         D=d, BLOCK_M=cfg.block_m, BLOCK_S=cfg.block_s, SPLIT=cfg.num_splits > 1,
         NEW_AFTER_CTX=new_after_context, LOWER=lower_triangular, IEEE=ieee, UPCAST=upcast,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -384,6 +384,12 @@ class Transformer(nn.Module):
         self.ops, self.fused_level = REFERENCE_OPS, "reference"
         self.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
 
+    @property
+    def attend(self) -> AttentionFn:
+        """The attention backend's function (what every layer calls; draft heads that share the target's
+        cache layout call it too)."""
+        return self._attend
+
     def set_attention(self, name: str) -> None:
         self._attend = get_attention_backend(name)
         self.attention = name

@@ -220,3 +220,26 @@ def _state(target, drafter, prompt: list[int]) -> DraftState:
     state = DraftState(tokens=list(prompt), prompt_len=n, sampling=SamplingConfig(), draft_rng=TorchRandomness(0))
     drafter.begin(state, prefill, 128)
     return state
+
+
+@pytest.mark.parametrize("tree, budget", [("eagle2", 12), ("chain", 4)])
+def test_triton_head_attention_drafts_what_sdpa_drafts(tree: str, budget: int) -> None:
+    """With the target on the Triton attention backend (interpreted on the CPU) the head's passes read
+    the committed entries and this round's rows through the kernel, not SDPA over the whole cache: the
+    same trees round by round, and greedy SD still emits the AR tokens."""
+    from targets import tiny_target
+
+    pytest.importorskip("triton")
+    trees = {}
+    for backend in ("sdpa", "triton"):
+        target = tiny_target()
+        target.model.set_attention(backend)
+        drafter = Eagle3Drafter(target, random_init=True, draft_vocab=64, seed=4)
+        decoder = SpecDecoder(target, SpecConfig(drafter="eagle3", tree=tree, budget=budget), max_seq_len=96,
+                              drafter=drafter)
+        seen = []
+        result = decoder.generate(PROMPTS[1], 20, on_round=lambda i, t, r: seen.append((t.tokens.tolist(),
+                                                                                       t.parents.tolist())))
+        assert result.tokens == _ar(target, PROMPTS[1], 20)
+        trees[backend] = seen
+    assert trees["triton"] == trees["sdpa"]

@@ -110,6 +110,33 @@ def test_context_attention_separate_kv(device, mask_kind) -> None:
         assert rel_err(got, ref) <= TOL[torch.float32]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, nk", [(1, 1), (3, 40), (8, 65)])
+def test_fewer_queries_than_new_keys(device, dtype, n, nk) -> None:
+    """One depth of a draft tree: the last N of NK new entries attend to the prefix and, under the mask,
+    to all NK new keys (EAGLE-3's head pass), in the target-cache layout (new keys after the prefix)."""
+    g = torch.Generator().manual_seed(5)
+    b, h, hkv, d = 2, 4, 2, 64
+    lengths = [23, 71]
+    k = torch.randn(b, hkv, 71 + nk + 5, d, generator=g).to(dtype).to(device)
+    v = torch.randn(b, hkv, 71 + nk + 5, d, generator=g).to(dtype).to(device)
+    q = torch.randn(b, h, n, d, generator=g).to(dtype).to(device)
+    mask = torch.rand(b, n, nk, generator=g) < 0.4
+    mask[:, :, 0] = True
+    bits = pack_tree_mask(mask).to(device)
+    lens = torch.tensor(lengths, device=device)
+    ref = context_attention_reference(q, k, v, lens, k, v, bits, 0.125, new_after_context=True, num_new=nk)
+    for splits in (1, 2):
+        got = context_attention(q, k, v, lens, k, v, bits, 0.125, new_after_context=True, num_new=nk,
+                                config=_config(h, hkv, n, splits))
+        assert rel_err(got, ref) <= TOL[dtype]
+    with pytest.raises(ValueError, match="lower_triangular"):
+        if nk != n:
+            context_attention(q, k, v, lens, k, v, bits, 0.125, new_after_context=True, num_new=nk, lower_triangular=True)
+        else:
+            raise ValueError("lower_triangular: n == nk, nothing to refuse")
+
+
 def test_row_that_sees_nothing_is_zero(device) -> None:
     g = torch.Generator().manual_seed(5)
     b, h, hkv, d, n = 1, 2, 1, 64, 6

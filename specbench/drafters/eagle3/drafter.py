@@ -8,8 +8,9 @@ position exactly once, fed with target features. Entry n-1 (the anchor's) predic
 
 A draft node at depth k >= 1 with token t is the entry (t, the head's own output at its parent) at
 position n-1+k; it attends to the committed entries and to its own ancestors among the draft entries
-(tree attention over the draft cache). Draft entries live in cache slots after the committed ones and
-are never committed: after verification the accepted positions are fed again next round with the
+(tree attention over the draft cache: on CUDA the Triton kernel, which reads only the committed entries
+and this round's rows; elsewhere SDPA under a dense mask). Draft entries live in cache slots after the
+committed ones and are never committed: after verification the accepted positions are fed again next round with the
 target's features (what the head was trained to see at verified positions).
 
 Drafting grows the tree through the policy (`specbench.trees.grow`): the policy calls `expand(tree,
@@ -31,7 +32,7 @@ from torch import Tensor
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState, Weights
 from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers
-from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache, sdpa_attention
+from specbench.models.decoder import AttentionFn, AttentionMeta, ForwardOutput, KVCache, sdpa_attention
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
 from specbench.trees.grow import grow_tree
@@ -149,8 +150,9 @@ class Eagle3Drafter(Drafter):
         positions = (self.cache.lengths + torch.arange(m, device=dev))[None]  # [1, m]; slot = position
         causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril_()[None]
         meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=causal, kv_len=self.cache.max_seq_len)
+        attend = self.target.model.attend if self._triton else sdpa_attention  # the target's tree attention
         h = self.head(self._embed(tokens)[None], self.head.fuse(features)[None], positions,
-                      self.cache.k[0], self.cache.v[0], positions, meta, sdpa_attention, self.target.model.ops)  # [1, m, d]
+                      self.cache.k[0], self.cache.v[0], positions, meta, attend, self.target.model.ops)  # [1, m, d]
         last = h[0].index_select(0, count - 1)  # [1, d]
         self.hidden_rows[0:1].copy_(last)
         self.root_logp.copy_(self._logp(last)[0])
@@ -179,20 +181,43 @@ class Eagle3Drafter(Drafter):
         vis = self.visible[parent_rows].scatter_(1, rows[:, None], True)  # [F, R]: the parents' ancestors and itself
         self.visible[rows] = vis
         committed = self.cache.lengths  # [1]
-        slots_total = self.cache.max_seq_len
-        rel = torch.arange(slots_total, device=dev) - committed + 1  # slot -> draft row (slot len + r - 1)
-        in_rows = (rel >= 1) & (rel < ROW_CAPACITY)
-        dense = (rel < 1)[None, :] | (in_rows[None, :] & vis.gather(1, rel.clamp(0, ROW_CAPACITY - 1)[None].expand(f, -1)))
-        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=vis[:, rows][None], kv_len=slots_total,
-                             dense_mask=dense[None, None])  # [1, 1, F, S]
+        meta, attend = self._rows_attention(vis, rows, first + f - 1)
         positions = (committed - 1 + depth)[None]
         slots = (committed - 1 + rows)[None]
         h = self.head(self._embed(tokens)[None], self.hidden_rows[parent_rows][None], positions,
-                      self.cache.k[0], self.cache.v[0], slots, meta, sdpa_attention, self.target.model.ops)[0]  # [F, d]
+                      self.cache.k[0], self.cache.v[0], slots, meta, attend, self.target.model.ops)[0]  # [F, d]
         self.hidden_rows[rows] = h
         self.rows += f
         self.passes += 1
         return rows, self._logp(h)
+
+    @property
+    def _triton(self) -> bool:
+        return self.target.model.attention == "triton"
+
+    def _rows_attention(self, vis: Tensor, rows: Tensor, drafted: int) -> tuple[AttentionMeta, AttentionFn]:
+        """What a head pass over the frontier `rows` [F] attends to: the committed entries (slots [0, len))
+        and the draft rows 1..drafted (slots len + r - 1) that `vis` [F, R] marks. The Triton kernel reads
+        just those (the frontier rows are the last F of the `drafted` new keys); SDPA reads the whole
+        cache under a dense mask [1, 1, F, S]."""
+        lengths, slots_total = self.cache.lengths, self.cache.max_seq_len  # type: ignore[union-attr]
+        if self._triton:
+            from specbench.kernels.masks import pack_tree_mask
+            from specbench.kernels.tree_attention import context_attention
+
+            bits = pack_tree_mask(vis[:, 1: drafted + 1])[None]  # [1, F, W]: bit j = draft row j + 1
+
+            def attend(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
+                return context_attention(q, k, v, meta.lengths, k, v, bits, scale, new_after_context=True,
+                                         num_new=drafted, context_hint=slots_total - drafted)
+
+            return AttentionMeta(lengths=lengths, tree_mask=vis[:, rows][None], kv_len=slots_total), attend
+        f = rows.numel()
+        rel = torch.arange(slots_total, device=vis.device) - lengths + 1  # slot -> draft row (slot len + r - 1)
+        in_rows = (rel >= 1) & (rel < ROW_CAPACITY)
+        dense = (rel < 1)[None, :] | (in_rows[None, :] & vis.gather(1, rel.clamp(0, ROW_CAPACITY - 1)[None].expand(f, -1)))
+        return AttentionMeta(lengths=lengths, tree_mask=vis[:, rows][None], kv_len=slots_total,
+                             dense_mask=dense[None, None]), sdpa_attention  # [1, 1, F, S]
 
     def _logp(self, hidden: Tensor) -> Tensor:
         return F.log_softmax(self.head.logits(hidden, self.target.model.ops).float(), dim=-1)
