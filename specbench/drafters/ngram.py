@@ -9,6 +9,7 @@ host) the same function runs on the host's tokens and the trie is cut to its rea
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -26,14 +27,14 @@ def match_starts(history: Tensor, length: Tensor, max_ngram: int, min_ngram: int
     token. history [S] int64, length [1] (a device tensor: no host read); static shapes throughout."""
     size, device = history.shape[0], history.device
     ends = torch.arange(size, device=device)  # [S]: the last token of a window
-    back = torch.arange(max_ngram, device=device)  # [K]: offset from a window's end
-    at = ends[None, :] - back[:, None]  # [K, S]
-    tail = (length - 1 - back).clamp(min=0)  # [K]: the suffix, read from its end
-    same = (history[at.clamp(min=0)] == history[tail][:, None]) & (at >= 0)  # [K, S]
+    tail = (length - 1 - torch.arange(max_ngram, device=device)).clamp(min=0)  # [K]: the suffix, from its end
+    padded = torch.cat([history.new_full((max_ngram,), -1), history])  # -1 matches no token
+    shifted = torch.stack([padded[max_ngram - j: max_ngram - j + size] for j in range(max_ngram)])  # [K, S]: history[e - j]
+    same = shifted == history.index_select(0, tail)[:, None]  # [K, S]
     match = same.long().cumprod(0).bool() & (ends < length - 1)[None, :]  # [K, S]: row n-1 = n-gram ends here
     n = torch.arange(1, max_ngram + 1, device=device)
     longest = torch.where(match.any(1) & (n >= min_ngram), n, 0).max()  # 0-d: 0 = no match
-    row = match.gather(0, (longest - 1).clamp(min=0).expand(1, size))[0] & (longest > 0)  # [S]
+    row = match.index_select(0, (longest - 1).clamp(min=0).view(1))[0] & (longest > 0)  # [S]
     recent = torch.topk(torch.where(row, ends, -1), min(max_matches, size)).values  # [M] descending
     starts = torch.where(recent >= 0, recent + 1, -1)
     if starts.shape[0] < max_matches:
@@ -53,20 +54,21 @@ def match_trie(anchor: Anchor, table: Tensor, valid: Tensor) -> tuple[DraftTree,
     matched rows first) with shared prefixes merged, and its real node count [1]. Nodes 1..K are the
     trie in `DraftTree.from_paths` order (row by row, depth by depth), each scored log(fraction of the
     continuations through it) in float64; nodes K+1..M*L are padding (parentless, depth 0, score -inf).
-    Array ops over [M, M, L], no host read."""
+    Array ops over [L, M, M], no host read."""
     m, width = table.shape
     device = table.device
-    both = valid[:, None, :] & valid[None, :, :]
-    same = ((table[:, None, :] == table[None, :, :]) & both).long().cumprod(2).bool()  # [M, M, L]: prefixes equal
-    earlier = torch.ones(m, m, dtype=torch.bool, device=device).tril(-1)[:, :, None]
-    is_node = valid & ~(same & earlier).any(1)  # [M, L]: the first continuation with this prefix owns it
+    tab, ok = table.T, valid.T  # [L, M]: depth-major, so the reductions over matches run along the last dim
+    same = ((tab[:, :, None] == tab[:, None, :]) & ok[:, :, None] & ok[:, None, :]).long().cumprod(0).bool()
+    # same [L, M, M]: continuations i and j agree up to this depth
+    earlier = torch.ones(m, m, dtype=torch.bool, device=device).tril(-1)
+    is_node = (valid & ~(same & earlier).any(-1).T)  # [M, L]: the first continuation with this prefix owns it
     flat = is_node.reshape(-1)
     real = flat.long().cumsum(0)  # row-major: path by path, depth by depth
     count = real[-1:] if flat.numel() else real.new_zeros(1)
     node_id = torch.where(flat, real, count + (~flat).long().cumsum(0)).view(m, width)  # a permutation of 1..M*L
-    owner = node_id.gather(0, same.to(torch.uint8).argmax(1))  # [M, L]: node of each continuation's prefix
+    owner = node_id.gather(0, same.to(torch.uint8).argmax(-1).T)  # [M, L]: node of each continuation's prefix
     parent = torch.cat([owner.new_zeros(m, 1), owner[:, :-1]], dim=1)
-    fraction = same.sum(1).double() / valid[:, 0].sum().clamp(min=1).double()  # [M, L]
+    fraction = same.sum(-1).T.double() / valid[:, 0].sum().clamp(min=1).double()  # [M, L]
     depth = torch.arange(1, width + 1, device=device).expand(m, width)
     slots = (node_id.reshape(1, -1) - 1).expand(3, -1)
     ints = torch.stack([torch.where(is_node, table, 0), torch.where(is_node, parent, -1),
@@ -128,7 +130,7 @@ class NgramDrafter(Drafter):
             self.history = torch.zeros(max_seq_len + 1, dtype=torch.long, device=device)  # + a scratch slot
             self.length = torch.zeros(1, dtype=torch.long, device=device)
         assert self.length is not None
-        self.history[: len(state.tokens)].copy_(torch.tensor(state.tokens, dtype=torch.long))
+        self.history[: len(state.tokens)].copy_(torch.from_numpy(np.asarray(state.tokens, dtype=np.int64)))
         self.length.fill_(len(state.tokens))
         self.tracking = False
 
@@ -136,7 +138,7 @@ class NgramDrafter(Drafter):
         """The host path: the trie of state.tokens, cut to its real nodes, then `policy.select`."""
         if budget == 0:
             return DraftTree.root_only(state.anchor)
-        tokens = torch.tensor(state.tokens, dtype=torch.long)
+        tokens = torch.from_numpy(np.asarray(state.tokens, dtype=np.int64))  # a third of torch.tensor(list)'s time
         trie, count = lookup_trie(state.anchor, tokens, torch.full((1,), tokens.shape[0]), self.max_ngram,
                                   self.min_ngram, self.max_matches, budget)
         k = int(count)
