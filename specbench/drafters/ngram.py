@@ -148,8 +148,10 @@ class NgramDrafter(Drafter):
                                        depth=trie.depth[: k + 1], scores=trie.scores[: k + 1]), budget)
 
     def phases(self, state: DraftState, policy: TreePolicy, budget: int) -> list[Phase]:
-        if not self.capturable(policy):
-            return super().phases(state, policy, budget)
+        """Device drafting at T = 0; otherwise (the rounds a host verifier decides) the host path's tree,
+        moved to the target's device, so host verifiers see the real nodes only."""
+        if not self.capturable(policy) or not state.sampling.greedy:
+            return [("draft", lambda _: self._moved(self.draft(state, policy, budget)))]
         assert self.history is not None and self.length is not None, "begin() was not called"
         self.tracking = True
         anchor = state.anchor_on(self.target.device)
@@ -159,6 +161,13 @@ class NgramDrafter(Drafter):
         return [("draft", lambda _: lookup_trie(anchor, history, length, self.max_ngram, self.min_ngram,
                                                 self.max_matches, budget)[0]),
                 ("tree", lambda trie: policy.select(trie, budget))]
+
+    def _moved(self, tree: DraftTree) -> DraftTree:
+        device = self.target.device
+        if tree.device == device:
+            return tree
+        return DraftTree(tokens=tree.tokens.to(device), parents=tree.parents.to(device), depth=tree.depth.to(device),
+                         scores=None if tree.scores is None else tree.scores.to(device), depth_bound=tree.depth_bound)
 
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """Device drafting: append the round's committed tokens (the accepted drafts, then the bonus) to

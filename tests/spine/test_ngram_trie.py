@@ -126,3 +126,22 @@ def test_greedy_sd_with_the_device_drafter_is_ar_and_accepts_what_the_host_one_d
             assert [r.accepted for r in replays[0].stats.rounds] == [r.accepted for r in replays[1].stats.rounds]
             accepted += sum(rounds)
         assert accepted > 0, "the prompts are meant to repeat: drafts must get accepted"
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_sampled_rounds_draft_the_host_tree_for_the_host_verifier() -> None:
+    """At T > 0 a host verifier decides the round: the device drafter hands it the host path's tree (real
+    nodes only), so the same seed gives the same tokens and acceptances as the host drafter."""
+    from specbench.config import SamplingConfig, SpecConfig
+    from specbench.engine import SpecDecoder
+    from targets import tiny_target
+
+    target = tiny_target(num_layers=2, seed=3)
+    prompt = [88, 3, 14, 15, 92, 65, 35, 89, 79, 3, 14, 15]
+    runs = []
+    for on_device in (False, True):
+        spec = SpecConfig(drafter="ngram", tree="chain", budget=6, verifier="sample-walk")
+        decoder = SpecDecoder(target, spec, max_seq_len=128, drafter=NgramDrafter(target, on_device=on_device))
+        res = decoder.generate(prompt, 24, SamplingConfig(temperature=0.7, seed=3))
+        runs.append((res.tokens, [(r.accepted, r.tree_size) for r in res.stats.rounds]))
+    assert runs[0] == runs[1]
