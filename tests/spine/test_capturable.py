@@ -20,7 +20,7 @@ from specbench.models import load_target
 
 from host_reads import HostRead, no_host_reads
 
-PROMPTS = [[5, 17, 33, 2, 90, 41], [88, 3, 14, 15, 92, 65, 35, 89, 79, 3, 14, 15]]  # a repeat: ngram matches
+PROMPTS = [[5, 17, 33, 2, 90, 41], [88, 3, 14, 15, 92, 65, 35, 89, 79]]
 
 
 @pytest.fixture(scope="module")
