@@ -23,6 +23,8 @@ CONFIGS = [
     ("eagle3", "eagle2", 32),
     ("eagle3", "chain", 6),
     ("ngram", "ddtree", 16),
+    ("ngram", "ddtree", 64),
+    ("ngram", "chain", 16),
     ("self", "chain", 3),
 ]
 
@@ -32,4 +34,6 @@ def test_graphed_round_equals_eager_and_ar(target, ar_tokens, drafter, tree, bud
     spec = SpecConfig(drafter=drafter, tree=tree, budget=budget)
     graphed = SpecDecoder(target, spec, max_seq_len=MAX_SEQ_LEN)
     eager = SpecDecoder(target, spec, max_seq_len=MAX_SEQ_LEN, cuda_graphs=False)
+    if drafter == "ngram":
+        assert graphed.device_drafting and graphed.lookahead, "ngram drafts on the device there (captured, lookahead)"
     check_graphed_equals_eager(target, graphed, eager, ar_tokens)

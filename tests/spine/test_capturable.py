@@ -14,6 +14,7 @@ from specbench.drafters.heads.jetspec_tree import JetSpecTreeDrafter
 from specbench.drafters.heads.parallel import DFlashDrafter, JetSpecDrafter
 from specbench.drafters.jetspecpp.adapter import AdapterConfig, StateAdapter
 from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
+from specbench.drafters.ngram import NgramDrafter
 from specbench.engine import SpecDecoder
 from specbench.models import load_target
 
@@ -56,6 +57,8 @@ def _drafter(target, name: str):
         return _head_drafter(target, JetSpecTreeDrafter, "block-causal", clean_next=True)
     if name == "eagle3":
         return Eagle3Drafter(target, random_init=True, draft_vocab=48, seed=1)
+    if name == "ngram":  # device drafting on the CPU too (by default only off it)
+        return NgramDrafter(target, on_device=True)
     if name is not None and name.startswith("jetspec++"):  # jetspec++:STATES (default predicted)
         return _jetspecpp(target, name.partition(":")[2] or "predicted")
     return None
@@ -64,7 +67,7 @@ def _drafter(target, name: str):
 CASES = [(None, "chain", 1), ("dflash", "ddtree-vec", 12), ("dflash", "chain", 4), ("jetspec", "eagle2", 8),
          ("jetspec-tree", "ddtree-vec", 8), ("eagle3", "eagle2", 10), ("eagle3", "chain", 4),
          ("jetspec++", "chain", 5), ("jetspec++", "ddtree-vec", 10), ("jetspec++:stale", "chain", 4),
-         ("jetspec++:true", "ddtree-vec", 8)]
+         ("jetspec++:true", "ddtree-vec", 8), ("ngram", "chain", 6), ("ngram", "ddtree-vec", 16)]
 
 
 @pytest.mark.parametrize("drafter, tree, budget", CASES, ids=[f"{d}/{t}/{b}" for d, t, b in CASES])
