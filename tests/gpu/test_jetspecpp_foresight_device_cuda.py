@@ -1,8 +1,10 @@
 """jetspec++'s foresight in the device round on CUDA, fp32, the real default target: the foresight stage
 replayed from its CUDA graph on a second stream beside the verify forward (the other stages graphed on
 the main stream, each branch captured once) drafts round by round the same trees, with the same hit
-flags, as the same stages run eagerly (inline), and both emit the AR greedy tokens; the host round's
-foresight (host=true) serves the same hits.
+flags, as the same stages run eagerly (inline), and both emit the AR greedy tokens, as does the host
+round's foresight (host=true). (The host round's hits are not compared here: it reads the filled cache
+slots where the device round reads whole caches, so fp32 GPU kernels may break near-ties differently;
+the CPU test holds the two rounds to the same hits and trees.)
 
 The draft head is the shipped jetspec head with an untrained adapter (`test_jetspecpp_device_cuda.parts`;
 hits are then rare), or SPECBENCH_JETSPECPP_HEAD=DIR, a trained jetspec++ checkpoint (hits are then
@@ -50,7 +52,7 @@ def test_graphed_foresight_on_a_second_stream_equals_eager_and_ar(target, ar_tok
     want = [w for w in ar_tokens for _ in range(2)]
     assert [r[0] for r in g] == [r[0] for r in e] == [r[0] for r in h] == want, "diverged from AR greedy"
     assert [r[1] for r in g] == [r[1] for r in e], "the graphed round drafted other trees than the eager one"
-    assert [r[2] for r in g] == [r[2] for r in e] == [r[2] for r in h], "other hits"
+    assert [r[2] for r in g] == [r[2] for r in e], "other hits than the eager round's"
     assert "miss" in graphed._graphs and graphed._graphs["miss"].side is not None, "the foresight stage has no side stream"
     flags = [f for r in g for f in r[2]]
     if trained:

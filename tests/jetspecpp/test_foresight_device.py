@@ -58,22 +58,23 @@ def test_device_foresight_round_equals_the_host_round_and_ar(tiny, trained_jpp, 
             assert any(flags), f"J{J} R{R} B{B} {tree}: no block was ever served (the hit branch was not exercised)"
 
 
-def test_device_foresight_needs_greedy_and_falls_back_to_the_host_round(tiny, trained_jpp) -> None:
+def test_sampled_requests_and_other_policies_take_the_host_rounds_foresight(tiny, trained_jpp) -> None:
     from specbench.config import SamplingConfig
     from specbench.trees import TREE_POLICIES
 
     obj, _ = trained_jpp
     drafter = JetSpecPPDrafter(tiny, head=obj.draft, adapter=obj.adapter, foresight="on", B=4)
-    assert drafter.branches and not drafter.foresees
-    assert drafter.capturable(TREE_POLICIES.build("chain"))
+    assert drafter.branches and drafter.capturable(TREE_POLICIES.build("chain"))
     decoder = SpecDecoder(tiny, SpecConfig(drafter="jetspec++", tree="chain", budget=4, verifier="sample-walk"),
                           max_seq_len=160, drafter=drafter)
-    with pytest.raises(ValueError, match="temperature 0"):
-        decoder.generate(PROMPTS[0], 8, SamplingConfig(temperature=1.0))
+    decoder.generate(PROMPTS[0], 16, SamplingConfig(temperature=1.0))  # T > 0: the host round, per request
+    assert not drafter.serving and drafter.foresees and not drafter.on_device
+    assert decoder.generate(PROMPTS[0], 16).tokens  # then a greedy request: the device round again
+    assert drafter.serving and not drafter.foresees and drafter.on_device
     for kw in ({"host": True}, {"record": True}, {"scores": "draft"}, {"states": "stale"}):  # the host round's
         assert not JetSpecPPDrafter(tiny, head=obj.draft, adapter=obj.adapter, foresight="on", **kw).branches
     other = JetSpecPPDrafter(tiny, head=obj.draft, adapter=obj.adapter, foresight="on", B=4)
-    assert not other.capturable(TREE_POLICIES.build("ddtree"))  # not capturable: the host round's foresight
+    assert not other.capturable(TREE_POLICIES.build("ddtree"))  # not capturable on the CPU: the host round's foresight
     assert not other.branches and other.foresees
 
 

@@ -155,10 +155,12 @@ class JetSpecPPDrafter(HeadDrafter):
         if not isinstance(host, bool):
             raise ValueError(f"host (run the host-driven round, the reference) must be true or false, got {host!r}")
         # the device round: caches written from the Acceptance, no host read (module docstring)
-        self.on_device = not host and self.draft_device == target.device and (
+        self.device_round = not host and self.draft_device == target.device and (
             self.foresight is None or self.foresight.capturable)
+        self.on_device = self.device_round  # this request's round (device foresight: T = 0 in decoding only)
         self.device_states: DeviceStates | None = None
-        self.device_foresight = DeviceForesight(self, self.foresight) if self.on_device and self.foresight else None
+        self.device_foresight = DeviceForesight(self, self.foresight) if self.device_round and self.foresight else None
+        self.serving = False  # this request runs the device round's foresight (set in begin)
         self._branch = "miss"  # the device foresight round's next drafting stages: "hit" (served) or "miss"
         self._drafted = False  # a round was drafted in this request (so the next could be a hit)
         self.request: DraftState | None = None  # the request begun (its committed length sizes CPU reads)
@@ -197,15 +199,16 @@ class JetSpecPPDrafter(HeadDrafter):
     @property
     def foresees(self) -> bool:
         """The host round's foresight hook (the device round's foresight is a stage: `side_phase`)."""
-        return self.foresight is not None and self.device_foresight is None
+        return self.foresight is not None and not self.serving
 
     def capturable(self, policy: TreePolicy) -> bool:
         """The device round under `policy`. With foresight and a policy not capturable here (ddtree on
         any device, ddtree-vec on the CPU is fine) the drafter falls back to the host round's foresight
         for good (the engine asks before `begin`, which then sizes the host round's caches)."""
-        ok = self.on_device and policy.capturable(self.target.device)
+        ok = self.device_round and policy.capturable(self.target.device)
         if self.device_foresight is not None and not ok:
-            self.on_device, self.device_foresight = False, None
+            self.device_round = self.on_device = False
+            self.device_foresight = None
         return ok
 
     # ---- the device round's foresight (device_foresight.py) --------------------------------------
@@ -226,9 +229,10 @@ class JetSpecPPDrafter(HeadDrafter):
 
     def side_phase(self, state: DraftState, policy: TreePolicy, budget: int) -> Phase | None:
         """The foresight stage (the tree under verification -> the candidates of the next round)."""
-        if self.device_foresight is None:
+        if not self.serving:
             return None
         fs = self.device_foresight
+        assert fs is not None
         return ("foresight", lambda tree: fs.run(state, tree, policy, budget))
 
     @property
@@ -247,13 +251,13 @@ class JetSpecPPDrafter(HeadDrafter):
         prefill = ForwardOutput(logits=prefill.logits, hidden={t: self.pipeline.to_draft(prefill.hidden[t]) for t in self.taps})
         super().begin(state, prefill, max_seq_len)
         self.request = state
+        # the device round's foresight serves greedy decoding; sampled or replayed requests take the host round
+        self.serving = self.device_foresight is not None and state.sampling.greedy and state.reference is None
+        self.on_device = self.device_round and (self.device_foresight is None or self.serving)
         if not self.tracks_states:
             return
-        if self.device_foresight is not None:
-            if not state.sampling.greedy:
-                raise ValueError(f"{self.name}: foresight in the device round drafts at temperature 0 only; pass "
-                                 f"drafter_args host=true for the host round's foresight at T > 0")
-            self.device_foresight.reset()
+        if self.serving:
+            self.device_foresight.reset()  # type: ignore[union-attr]
             self._branch, self._drafted = "miss", False
         if self.on_device:  # only the refreshes and the foresight stage read block states there
             return self._begin_device(state, prefill, max_seq_len) if self.R > 0 or self.device_foresight else None
@@ -304,8 +308,8 @@ class JetSpecPPDrafter(HeadDrafter):
         if self.on_device:
             acc = result if isinstance(result, Acceptance) else Acceptance.from_result(result, tree.num_nodes,
                                                                                          self.target.device)
-            if self.device_foresight is not None:
-                self.device_foresight.lookup(tree, acc.path, acc.count, acc.bonus)
+            if self.serving:
+                self.device_foresight.lookup(tree, acc.path, acc.count, acc.bonus)  # type: ignore[union-attr]
             rows = acc.path[: self.max_path].clamp(min=0)  # [P]
             self.write_context(self._features(target_out.hidden, rows), acc.count)
             if self.device_states is not None:
@@ -428,7 +432,7 @@ class JetSpecPPDrafter(HeadDrafter):
         if not self.on_device or state.want_draft_probs:
             return super().phases(state, policy, budget)
         anchor = state.anchor_on(self.target.device)
-        if self.device_foresight is not None:
+        if self.serving:
             assert self.foresight is not None
             hit = self._branch == "hit"
             self.foresight.hit = hit if self._drafted else None
