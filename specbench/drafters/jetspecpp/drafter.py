@@ -440,6 +440,10 @@ class JetSpecPPDrafter(HeadDrafter):
             self._drafted = True
             if hit:  # the tree drafted ahead for the verified outcome: no drafting on the critical path
                 return [("tree", lambda _: self.device_foresight.serve())]  # type: ignore[union-attr]
+            # the ancestor mask (a cached property) is computed in this stage, before the foresight stage
+            # forks off: computed lazily by the verify forward, a side stream could read last round's
+            return [("draft", lambda _: DepthScores(anchor, self.refined_logp(state))),
+                    ("tree", lambda scores: _with_mask(policy.build(scores, budget)))]
         return [("draft", lambda _: DepthScores(anchor, self.refined_logp(state))),  # [D, V]
                 ("tree", lambda scores: policy.build(scores, budget))]
 
@@ -474,3 +478,9 @@ class JetSpecPPDrafter(HeadDrafter):
         probs = process_logits(logp, state.sampling)  # [D, V]
         tokens = [state.draft_rng.categorical(row) for row in probs]
         return DraftTree.chain(state.anchor, tokens, draft_probs=probs, device=self.target.device)
+
+
+def _with_mask(tree: DraftTree) -> DraftTree:
+    """`tree` with its ancestor mask computed now (in the stage that builds it)."""
+    tree.ancestor_mask  # noqa: B018
+    return tree
