@@ -5,9 +5,12 @@ One round (docs/DESIGN.md), as stages, each a function of the previous one's out
     verify_forward:  out = target.forward(tree.tokens, cache_len + tree.depth, cache, tree.ancestor_mask, taps)
     verify:          acc = verifier.accept(tree, out.logits)   the decision as device tensors
     commit:          cache.commit_packed(acc.path, acc.count); drafter.observe(tree, acc, out); anchor = bonus
-    foresight:       drafter.foresee(state, tree) when the drafter foresees (JetSpec++): its work for the
-                     next round, enqueued after the verify forward so it can run beside it
-then one host read of (acc, the tree's tokens, a finiteness flag). With a verifier that draws through
+    foresight:       drafter.foresee(state, tree) when the drafter foresees (JetSpec++'s host round): its
+                     work for the next round, enqueued after the verify forward so it can run beside it;
+                     a device drafter's side phase instead is a stage between verify and commit, replayed
+                     on its own stream (forked after drafting, joined before the commit)
+then one host read of (acc, the tree's tokens, a branching drafter's flag, a finiteness flag); a
+branching drafter's next round's stages follow that flag (captured once per branch, no lookahead). With a verifier that draws through
 the host's `Randomness` (T > 0) the verify and commit stages run on the host instead.
 
 Exact replay (`generate(..., reference=TeacherForced)`, T = 0, the greedy verifier): the same loop, stop
