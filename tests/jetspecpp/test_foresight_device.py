@@ -2,7 +2,8 @@
 the CPU): greedy SD emits exactly AR's tokens at several (J, R, B) under chain and ddtree-vec; the device
 round serves the same hits and verifies the same trees, round by round, as the host round's foresight
 (same selection, same cached blocks), with no host read in any captured stage; and the device lookup
-never serves a block drafted for an outcome other than the verified one (a property test)."""
+never serves a block drafted for an outcome other than the verified one (a property test, which also
+holds the batched ancestor masks of the candidate trees to the paths)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.device_foresight import match, outcome_keys, verified_key
 from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 from specbench.engine import SpecDecoder
-from specbench.trees.base import DraftTree
+from specbench.trees.base import DraftTree, ancestor_masks
 
 from host_reads import no_host_reads
 from jetspecpp_helpers import NEW, PROMPTS
@@ -111,6 +112,9 @@ def test_the_device_lookup_serves_only_the_verified_outcome(case) -> None:  # ty
     for i in range(1, len(parents)):
         depth[i] = depth[parents[i]] + 1
     tree = DraftTree(tokens=torch.tensor(tokens), parents=torch.tensor(parents), depth=torch.tensor(depth))
+    masks = ancestor_masks(torch.tensor([parents, [-1] * len(parents)]), max(depth))  # batched: this tree, a forest
+    want = torch.tensor([[j in _path(parents, i) for j in range(len(parents))] for i in range(len(parents))])
+    assert torch.equal(masks[0], want) and torch.equal(masks[1], torch.eye(len(parents), dtype=torch.bool))
     key_len, key_tokens = outcome_keys(tree, torch.tensor(nodes))
     path = _path(parents, v)
     count = torch.tensor([len(path)])

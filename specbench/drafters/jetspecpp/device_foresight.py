@@ -32,7 +32,7 @@ from specbench.drafters.base import DraftState
 from specbench.drafters.jetspecpp.foresight import Context, OutcomeBatch
 from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.selection import RowLaw, select
-from specbench.trees.base import DepthScores, DraftTree, TreePolicy
+from specbench.trees.base import DepthScores, DraftTree, TreePolicy, ancestor_masks
 
 if TYPE_CHECKING:
     from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
@@ -109,7 +109,10 @@ class DeviceForesight:
             self._allocate(trees[0], key_tokens.shape[1])
         assert self.keys is not None
         for name, buf in self.cand.items():
-            buf.copy_(torch.stack([getattr(t, name) for t in trees]))
+            if name != "ancestor_mask":
+                buf.copy_(torch.stack([getattr(t, name) for t in trees]))
+        bound = trees[0].depth_bound if trees[0].depth_bound is not None else n - 1
+        self.cand["ancestor_mask"].copy_(ancestor_masks(self.cand["parents"], bound))  # one batched pass, not B
         for buf, value in zip(self.keys, (key_len, key_tokens, sel.tokens, sel.valid)):
             buf.copy_(value)
 
