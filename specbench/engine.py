@@ -196,6 +196,11 @@ class SpecDecoder:
         return self._cache
 
     @property
+    def captured(self) -> tuple[str, ...]:
+        """The branches whose round is captured in CUDA graphs ("" for a drafter that does not branch)."""
+        return tuple(self._graphs)
+
+    @property
     def budget(self) -> int:
         return self.spec.budget if self.drafter is not None else 0
 

@@ -53,10 +53,10 @@ def test_graphed_foresight_on_a_second_stream_equals_eager_and_ar(target, ar_tok
     assert [r[0] for r in g] == [r[0] for r in e] == [r[0] for r in h] == want, "diverged from AR greedy"
     assert [r[1] for r in g] == [r[1] for r in e], "the graphed round drafted other trees than the eager one"
     assert [r[2] for r in g] == [r[2] for r in e], "other hits than the eager round's"
-    assert "miss" in graphed._graphs and graphed._graphs["miss"].side is not None, "the foresight stage has no side stream"
+    assert "miss" in graphed.captured and graphed._graphs["miss"].side is not None, "the foresight stage has no side stream"
     flags = [f for r in g for f in r[2]]
     if trained:
-        assert any(flags) and "hit" in graphed._graphs, "no block was served"
+        assert any(flags) and "hit" in graphed.captured, "no block was served from a captured hit round"
     res = graphed.generate(target.encode_chat(PROMPTS[0]), NEW)
     sides = [r.side_time for r in res.stats.rounds if r.side_time is not None]
     assert sides and all(t > 0 for t in sides), "the side stream's own span was not recorded"
