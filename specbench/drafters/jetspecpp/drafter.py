@@ -203,8 +203,8 @@ class JetSpecPPDrafter(HeadDrafter):
 
     def capturable(self, policy: TreePolicy) -> bool:
         """The device round under `policy`. With foresight and a policy not capturable here (ddtree on
-        any device, ddtree-vec on the CPU is fine) the drafter falls back to the host round's foresight
-        for good (the engine asks before `begin`, which then sizes the host round's caches)."""
+        the CPU) the drafter falls back to the host round's foresight for good (the engine asks before
+        `begin`, which then sizes the host round's caches)."""
         ok = self.device_round and policy.capturable(self.target.device)
         if self.device_foresight is not None and not ok:
             self.device_round = self.on_device = False
