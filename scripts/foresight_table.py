@@ -9,8 +9,12 @@ Per prompt and configuration one JSONL row (appended; rerun to resume): decode t
 AR on the same prompt, tau, hit rate (rounds whose tree came from the speculation cache, among rounds
 with a foresight pass before them), tau on hit and on miss rounds, and per round: round time (decode
 wall time / rounds), verify time (the verify forward's CUDA-event time) and exposed time = round -
-verify, plus every stage's mean (stage_NAME_ms; stage_foresight_ms is the host time launching the pass). Each configuration is warmed up once (CUDA graphs are captured
-there). `--draft-device cuda:1` puts jetspec++'s draft model on a second GPU (issue 17); `--head` may
+verify, plus every stage's mean (stage_NAME_ms). "jetspec++ pipelined" is foresight in the device round
+(the foresight stage replayed from a CUDA graph on a second stream beside the verify forward;
+stage_foresight_ms is the main stream's wait for it, the exposed part, and side_foresight_ms its own
+span on the side stream); "jetspec++ pipelined host" is the host round's foresight (drafter_args
+host=true; stage_foresight_ms is then the host time launching the pass). Each configuration is warmed
+up once (CUDA graphs are captured there). `--draft-device cuda:1` puts jetspec++'s draft model on a second GPU (issue 17); `--head` may
 be a plain jetspec head with `--states stale|true` when no jetspec++ head exists. "jetspec++ critical"
 is the device round (CUDA-graphed, docs/jetspecpp.md); `--configs ...,jetspec++ host` adds the
 host-driven round (drafter_args host=true) beside it.
@@ -40,7 +44,9 @@ def configs(args: argparse.Namespace) -> dict[str, dict]:
            "jetspec": {"drafter": "jetspec", "tree": policy, "budget": budget},
            "jetspec++ host": {"drafter": "jetspec++", "tree": policy, "budget": budget, "args": dict(jpp, host=True)},
            "jetspec++ critical": {"drafter": "jetspec++", "tree": policy, "budget": budget, "args": jpp},
-           "jetspec++ pipelined": {"drafter": "jetspec++", "tree": policy, "budget": budget, "args": piped}}
+           "jetspec++ pipelined": {"drafter": "jetspec++", "tree": policy, "budget": budget, "args": piped},
+           "jetspec++ pipelined host": {"drafter": "jetspec++", "tree": policy, "budget": budget,
+                                        "args": dict(piped, host=True)}}
     return {k: v for k, v in out.items() if k in args.configs.split(",")}
 
 
@@ -58,12 +64,14 @@ def measure(decoder, ids: list[int], new: int) -> dict:  # type: ignore[no-untyp
     for r in rounds:
         for k, v in r.times.items():
             stages[k] = stages.get(k, 0.0) + v
+    sides = [r.side_time for r in rounds if r.side_time is not None]  # the foresight stage's own span, side stream
     round_ms = 1e3 * st.decode_time / n if n else 0.0
     verify_ms = 1e3 * stages.get("verify_forward", 0.0) / n if n else 0.0  # the target's verify pass
     row = {"tok_s": st.decode_tokens_per_s, "tau": st.tau, "rounds": n, "new_tokens": st.new_tokens,
            "round_ms": round_ms, "verify_ms": verify_ms, "exposed_ms": round_ms - verify_ms,
            "exposed_frac": (round_ms - verify_ms) / round_ms if round_ms else 0.0,
-           **{f"stage_{k}_ms": 1e3 * v / n for k, v in stages.items()}, "output": res.tokens}
+           **{f"stage_{k}_ms": 1e3 * v / n for k, v in stages.items()},
+           "side_foresight_ms": 1e3 * sum(sides) / len(sides) if sides else None, "output": res.tokens}
     if fs is not None and fs.mode == "on":
         flags = [e["hit"] for e in fs.log]
         assert len(flags) == n, f"{len(flags)} drafted rounds logged for {n} rounds"
@@ -92,7 +100,8 @@ def main() -> int:
     p.add_argument("--draft-device", default=None, help="jetspec++'s draft model on another device (e.g. cuda:1)")
     p.add_argument("--tree", default="chain:16", help="POLICY:BUDGET for every drafter")
     p.add_argument("--configs", default="ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined",
-                   help="comma-separated, of: ar, dflash, jetspec, jetspec++ host, jetspec++ critical, jetspec++ pipelined")
+                   help="comma-separated, of: ar, dflash, jetspec, jetspec++ host, jetspec++ critical, jetspec++ pipelined, "
+                        "jetspec++ pipelined host")
     p.add_argument("--datasets", default="gsm8k,math500")
     p.add_argument("--n", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -128,6 +137,10 @@ def run(args: argparse.Namespace, out: Path, rows: list[dict]) -> None:
                           drafter_args=cfg.get("args", {}))
         decoder = SpecDecoder(target, spec, max_seq_len=2048)
         decoder.generate(todo[0][2], args.warmup_tokens)  # graph capture, Triton JIT, allocator
+        for _, _, ids in todo[1:4]:  # a branching round (foresight in the device round): capture the hit branch too
+            if not decoder.branching or "hit" in decoder.captured or not decoder.cuda_graphs:
+                break
+            decoder.generate(ids, args.warmup_tokens)
         for ds, pid, ids in todo:
             t0 = time.monotonic()
             row = {"config": name, "dataset": ds, "id": pid, **measure(decoder, ids, args.max_new_tokens),
@@ -155,7 +168,8 @@ def print_table(rows: list[dict]) -> None:
         return
     df = pd.DataFrame(rows)
     cols = [c for c in ("tok_s", "speedup", "tau", "hit_rate", "tau_hit", "tau_miss", "round_ms", "verify_ms",
-                        "exposed_ms", "exposed_frac", "stage_draft_ms", "stage_tree_ms", "stage_foresight_ms") if c in df]
+                        "exposed_ms", "exposed_frac", "stage_draft_ms", "stage_tree_ms", "stage_foresight_ms",
+                        "side_foresight_ms") if c in df]
     pd.set_option("display.width", 240)
     table = df.groupby(["dataset", "config"], sort=False)[cols].mean(numeric_only=True)
     print(table.round(3).to_string())

@@ -162,9 +162,10 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
     HEAD=${FS_HEAD:-/root/heads/jetspec++/int8}; STATES=${FS_STATES:-predicted}
     if [ ! -d "$HEAD" ]; then HEAD=specbench/heads/jetspec-smollm2-135m; STATES=${FS_STATES:-true}
       echo "no jetspec++ head at \$FS_HEAD: the plain jetspec head with states=$STATES"; fi
-    since "GPU tests: foresight on a second stream == sequential == AR (fp32)"
-    timeout "${TEST_SECONDS:-240}" python3 -m pytest -m gpu tests/gpu/test_foresight_cuda.py -q -p no:cacheprovider \
-      > $R/gpu_tests.txt 2>&1; tail -15 $R/gpu_tests.txt
+    since "GPU tests: foresight on a second stream == sequential == AR (fp32), host round and device round"
+    [ "$STATES" = predicted ] && export SPECBENCH_JETSPECPP_HEAD="$HEAD"
+    timeout "${TEST_SECONDS:-300}" python3 -m pytest -m gpu tests/gpu/test_foresight_cuda.py \
+      tests/gpu/test_jetspecpp_foresight_device_cuda.py -q -p no:cacheprovider > $R/gpu_tests.txt 2>&1; tail -15 $R/gpu_tests.txt
     since "Table 3: AR, dflash, jetspec, jetspec++ critical path and pipelined (bf16, graphed verify)"
     timeout "${TABLE_SECONDS:-300}" python3 scripts/foresight_table.py --data /root/data --device cuda --dtype bfloat16 \
       --head "$HEAD" --states "$STATES" ${FS_CAL:+--calibration "$FS_CAL"} --n "${FS_N:-5}" --max-new-tokens 256 \

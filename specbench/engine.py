@@ -5,9 +5,12 @@ One round (docs/DESIGN.md), as stages, each a function of the previous one's out
     verify_forward:  out = target.forward(tree.tokens, cache_len + tree.depth, cache, tree.ancestor_mask, taps)
     verify:          acc = verifier.accept(tree, out.logits)   the decision as device tensors
     commit:          cache.commit_packed(acc.path, acc.count); drafter.observe(tree, acc, out); anchor = bonus
-    foresight:       drafter.foresee(state, tree) when the drafter foresees (JetSpec++): its work for the
-                     next round, enqueued after the verify forward so it can run beside it
-then one host read of (acc, the tree's tokens, a finiteness flag). With a verifier that draws through
+    foresight:       drafter.foresee(state, tree) when the drafter foresees (JetSpec++'s host round): its
+                     work for the next round, enqueued after the verify forward so it can run beside it;
+                     a device drafter's side phase instead is a stage between verify and commit, replayed
+                     on its own stream (forked after drafting, joined before the commit)
+then one host read of (acc, the tree's tokens, a branching drafter's flag, a finiteness flag); a
+branching drafter's next round's stages follow that flag (captured once per branch, no lookahead). With a verifier that draws through
 the host's `Randomness` (T > 0) the verify and commit stages run on the host instead.
 
 Exact replay (`generate(..., reference=TeacherForced)`, T = 0, the greedy verifier): the same loop, stop
@@ -38,7 +41,7 @@ from specbench.config import ConfigError, SamplingConfig, SpecConfig
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState, TeacherForced
 from specbench.models.decoder import ForwardOutput, KVCache
-from specbench.models.graphs import GraphedForward, Stage, StageGraphs
+from specbench.models.graphs import GraphedForward, SideStage, Stage, StageGraphs
 from specbench.models.target import TargetModel
 from specbench.stats import RequestStats, RoundClock, RoundStats
 from specbench.trees import TREE_POLICIES
@@ -165,7 +168,10 @@ class SpecDecoder:
         is_cuda = target.device.type == "cuda"
         self.cuda_graphs = is_cuda and (cuda_graphs is None or bool(cuda_graphs))
         self.device_drafting = drafter is None or drafter.capturable(self.policy)
-        self.lookahead = self.cuda_graphs and self.device_drafting and (lookahead is None or bool(lookahead))
+        # a branching drafter's next round depends on this round's readout: no lookahead
+        self.branching = drafter is not None and self.device_drafting and drafter.branches
+        self.lookahead = (self.cuda_graphs and self.device_drafting and not self.branching
+                          and (lookahead is None or bool(lookahead)))
         self.check_finite = check_finite
         self.cache_slots = max_seq_len + 2 * (self.budget + 1)  # room for a lookahead round past the end
         self._cache: KVCache | None = None  # allocated on first use: exact replay never needs it
@@ -175,8 +181,8 @@ class SpecDecoder:
         self._timed_policy = TimedPolicy(self.policy, self.clock)
         if drafter is not None:
             drafter.cuda_graphs = self.cuda_graphs
-        self._graphs: StageGraphs | None = None  # the round's stages after drafting (or all of them), captured
-        self._warmed = False  # an eager round ran: the stages may be captured
+        self._graphs: dict[str, StageGraphs] = {}  # per drafter branch: the round's stages after drafting (or all), captured
+        self._warmed: set[str] = set()  # branches of which an eager round ran: their stages may be captured
         self._static_tree: DraftTree | None = None  # a host drafter's tree, padded into static buffers
         self._graphed_forward: GraphedForward | None = None  # the verify forward of host-verified rounds
         self._pinned: list[Tensor] = []
@@ -188,6 +194,11 @@ class SpecDecoder:
         if self._cache is None:
             self._cache = self.target.new_cache(self.cache_slots)
         return self._cache
+
+    @property
+    def captured(self) -> tuple[str, ...]:
+        """The branches whose round is captured in CUDA graphs ("" for a drafter that does not branch)."""
+        return tuple(self._graphs)
 
     @property
     def budget(self) -> int:
@@ -243,6 +254,7 @@ class SpecDecoder:
         if cache is not None:
             cache.reset()
         self.clock.begin_request()
+        self._side_spans: dict[int, tuple[Any, Any]] = {}  # round -> a side stage's own span (CUDA events)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -304,6 +316,9 @@ class SpecDecoder:
             stats.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
         for i, r in enumerate(stats.rounds):
             r.times = self.clock.times(i)
+            if i in self._side_spans:
+                start, end = self._side_spans[i]
+                r.side_time = start.elapsed_time(end) / 1e3
         stats.new_tokens = len(generated)
         stats.stop_reason = stop
         return GenerationResult(prompt_ids=prompt, tokens=generated, stats=stats)
@@ -359,15 +374,18 @@ class SpecDecoder:
         return tree, out
 
     def _commit(self, tree: DraftTree, out: ForwardOutput, acc: Acceptance) -> tuple[Tensor, DraftTree, ForwardOutput]:
-        """Commit on the device; returns the round's readout [2 + 2N + 1] (and the tree and the
-        forward's output, for the host)."""
+        """Commit on the device; returns the round's readout [2 + 2N (+ 1) + 1]: the Acceptance, the
+        tree's tokens, a branching drafter's flag, the non-finite flag (and the tree and the forward's
+        output, for the host)."""
         bad = (~torch.isfinite(out.logits).all()).long().view(1) if self.check_finite else acc.count.new_zeros(1)
-        readout = torch.cat([acc.packed, tree.tokens, bad])  # before the anchor (AR's tree token) moves on
+        parts = [acc.packed, tree.tokens]  # the tokens before the anchor (AR's tree token) moves on
         self.cache.commit_packed(acc.path, acc.count)
         if self.drafter is not None and self.device_drafting:
             self.drafter.observe(tree, acc, out)
+            if self.branching:
+                parts.append(self.drafter.branch_flag())
         self.anchor.copy_(acc.bonus)
-        return readout, tree, out
+        return torch.cat([*parts, bad]), tree, out
 
     def _device_stages(self, state: DraftState, sampling: SamplingConfig) -> tuple[list[Stage], list[Stage]]:
         """(eager prefix, capturable rest) of a round decided on the device."""
@@ -377,8 +395,27 @@ class SpecDecoder:
             ("verify", lambda x: (*x, verifier.accept(x[0], x[1].logits[0], sampling))),
             ("commit", lambda x: self._commit(*x)),
         ]
+        side = self._side_phase(state)
+        if side is not None:  # beside the verify forward, reading the tree only (x[0]), before the commit
+            name, step = side
+            rest.insert(2, (name, lambda x: (step(x[0]), x)[1]))
         drafting = self._drafting(state, static=self.cuda_graphs)
         return ([], drafting + rest) if self.device_drafting else (drafting, rest)
+
+    def _side_phase(self, state: DraftState) -> Stage | None:
+        if self.drafter is None or not self.device_drafting:
+            return None
+        return self.drafter.side_phase(state, self.policy, self.spec.budget)
+
+    def _side_stage(self, stages: list[Stage]) -> SideStage | None:
+        """Where a device drafter's side phase (the stage between verify and commit) replays: on its
+        own stream, forked after drafting, joined before the commit. None: no side phase or stream."""
+        stream = self.drafter.side_stream if self.drafter is not None and self.device_drafting else None
+        names = [name for name, _ in stages]
+        side = names[names.index("verify") + 1]
+        if stream is None or side == "commit":
+            return None
+        return SideStage(name=side, fork="verify_forward", join="commit", stream=stream)
 
     def _run_eagerly(self, stages: list[Stage], x: Any = None) -> Any:
         """The stages in order, each charged to its stage name; returns the last one's output."""
@@ -396,17 +433,22 @@ class SpecDecoder:
             return self._launch_reference(state)
         if not self.verifier.accepts_on_device(sampling):
             return self._launch_host_verified(state, sampling, rng)
+        branch = self.drafter.branch if self.branching else ""  # type: ignore[union-attr]
         prefix, rest = self._device_stages(state, sampling)
         x = self._run_eagerly(prefix)
-        if self.cuda_graphs and self._graphs is None and self._warmed:
-            self._graphs = StageGraphs(rest, x)
-        if self._graphs is not None:
-            readout, tree, out = self._graphs.replay(clock.switch)
+        warmed = branch in self._warmed
+        if self.cuda_graphs and branch not in self._graphs and warmed:
+            self._graphs[branch] = StageGraphs(rest, x, side=self._side_stage(rest))
+        graphs = self._graphs.get(branch)
+        if graphs is not None:
+            readout, tree, out = graphs.replay(clock.switch)
+            if graphs.side is not None and graphs.side.span is not None:
+                self._side_spans[len(clock.rounds) - 1] = graphs.side.span
         else:
-            check = self.capture_check if self._warmed and self.capture_check is not None else nullcontext
+            check = self.capture_check if warmed and self.capture_check is not None else nullcontext
             with check():
                 readout, tree, out = self._run_eagerly(rest, x)
-            self._warmed = True
+            self._warmed.add(branch)
         self._foresee(state, tree)
         clock.close()
         size = tree.meta["host"].budget if "host" in tree.meta else tree.budget
@@ -489,7 +531,10 @@ class SpecDecoder:
             launched.ready.synchronize()
         values = launched.readout.tolist()
         self._raise_if_nonfinite(bool(values[-1]), f"round {round_no}")
-        return read_acceptance(values[:-1], launched.tree.num_nodes)
+        values = values[:-1]
+        if self.branching:
+            self.drafter.read_branch(values.pop())  # type: ignore[union-attr]
+        return read_acceptance(values, launched.tree.num_nodes)
 
     def _observe_on_host(self, launched: _Launched, res: VerifyResult) -> None:
         """A host drafter sees the verified result after the read (a device drafter saw it in the commit

@@ -16,6 +16,9 @@ class RoundStats:
     tree_size: int  # draft nodes verified (root excluded)
     emitted: int  # tokens appended to the output this round (after EOS / length truncation)
     times: dict[str, float] = field(default_factory=dict)
+    # a side stage's own duration on its stream (JetSpec++'s foresight beside the verify forward): not
+    # on the critical path; what it exposes is the main stream's time in that stage (`times`)
+    side_time: float | None = None
 
 
 @dataclass

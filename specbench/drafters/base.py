@@ -208,6 +208,35 @@ class Drafter(ABC):
         enqueued and before its result is read. It may only enqueue work (on a stream of its own) and
         must not read anything verification decides; `observe` follows as usual."""
 
+    # ---- device drafters whose next round depends on this one's readout -----------------------
+    @property
+    def branches(self) -> bool:
+        """Whether the next round's `phases` depend on a flag read with this round's readout
+        (`branch_flag`): the engine then reads each round before launching the next (no lookahead)
+        and captures each branch's stages once, keyed by `branch`."""
+        return False
+
+    @property
+    def branch(self) -> str:
+        """Which of its stage lists `phases` returns next (the engine's capture key)."""
+        return ""
+
+    def branch_flag(self) -> Tensor:
+        """[1] int64 on the target's device, written by `observe` in the commit stage (captured)."""
+        raise NotImplementedError(f"{self.name} does not branch")
+
+    def read_branch(self, flag: int) -> None:
+        """The flag as read with the round's readout: it picks the next round's `phases`."""
+
+    def side_phase(self, state: DraftState, policy: TreePolicy, budget: int) -> Phase | None:
+        """A capturable stage that reads the round's tree (not its verification) and runs beside the
+        verify forward, on `side_stream` where there is one; `observe` follows it. None: none."""
+        return None
+
+    @property
+    def side_stream(self) -> "torch.cuda.Stream | None":
+        return None
+
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """After verification: the accepted node ids (root first) of `tree` — a host `VerifyResult`, or
         for a capturable drafter in the GPU round an `Acceptance` (device tensors, not yet read);

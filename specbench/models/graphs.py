@@ -106,8 +106,24 @@ Stage = tuple[str, Callable[[Any], Any]]
 chain's input)."""
 
 
+@dataclass
+class SideStage:
+    """Stage `name` of a chain replayed on a second stream: it starts from the point on the main
+    stream before stage `fork` (it waits for what precedes `fork`, not for `fork` itself) and the main
+    stream waits for it before stage `join` (the wait is marked as part of `name`: its exposed time).
+    It runs while the main stream's graphs run, so it is captured in a memory pool of its own. Each
+    replay records its own span on the side stream (`span`: CUDA timing events, read after a sync)."""
+
+    name: str
+    fork: str
+    join: str
+    stream: torch.cuda.Stream
+    span: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # the last replay's
+
+
 class StageGraphs:
-    """A chain of steps captured as one CUDA graph each, sharing a memory pool, and replayed in order.
+    """A chain of steps captured as one CUDA graph each, sharing a memory pool, and replayed in order
+    (a `side` stage on its own stream, see `SideStage`).
 
     Capture records the steps without running them, so it has no effect on device state; each step's
     outputs are static tensors that the next step's graph reads, and the chain's input must itself be
@@ -116,16 +132,19 @@ class StageGraphs:
     run, which is what warms them up (Triton JIT, allocator, library handles) before `capture`.
     """
 
-    def __init__(self, stages: Sequence[Stage], first_input: Any) -> None:
+    def __init__(self, stages: Sequence[Stage], first_input: Any, side: SideStage | None = None) -> None:
         self.names = [name for name, _ in stages]
+        if side is not None and not {side.name, side.fork, side.join} <= set(self.names):
+            raise ValueError(f"side stage {side.name!r} (fork {side.fork!r}, join {side.join!r}) not in {self.names}")
+        self.side = side
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self.outputs: list[Any] = []
-        pool = torch.cuda.graph_pool_handle()
+        pool, own = torch.cuda.graph_pool_handle(), torch.cuda.graph_pool_handle()
         x = first_input
         with torch.inference_mode():
-            for _, step in stages:
+            for name, step in stages:
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph, pool=own if side is not None and name == side.name else pool):
                     x = step(x)
                 self.graphs.append(graph)
                 self.outputs.append(x)
@@ -133,7 +152,24 @@ class StageGraphs:
     def replay(self, mark: Callable[[str], None]) -> Any:
         """Replay every step; `mark(name)` is called before each (stage boundaries for timing).
         Returns the last step's (static) output."""
+        side, fork, done = self.side, None, None
         for name, graph in zip(self.names, self.graphs):
+            if side is not None and name == side.join and done is not None:
+                torch.cuda.current_stream().wait_event(done)
             mark(name)
-            graph.replay()
+            if side is not None and name == side.fork:
+                fork = torch.cuda.Event()
+                fork.record()
+            if side is not None and name == side.name:
+                assert fork is not None, f"side stage {name!r} comes before its fork {side.fork!r}"
+                start, end, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), torch.cuda.Event()
+                with torch.cuda.stream(side.stream):
+                    side.stream.wait_event(fork)
+                    start.record()
+                    graph.replay()
+                    end.record()
+                    done.record()
+                side.span = (start, end)
+            else:
+                graph.replay()
         return self.outputs[-1]

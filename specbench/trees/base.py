@@ -33,6 +33,20 @@ def anchor_tensor(anchor: Anchor, device: torch.device | str) -> Tensor:
     return torch.full((1,), int(anchor), dtype=torch.long, device=device)
 
 
+def ancestor_masks(parents: Tensor, depth: int) -> Tensor:
+    """[..., N, N] bool of trees given by parents [..., N] (-1: no parent) of depth at most `depth`:
+    mask[..., i, j] = j is i or an ancestor of i. Pointer doubling: after k steps every node has OR-ed
+    in its 2^k nearest ancestors (the root and padding point at themselves). Tensor ops only."""
+    n = parents.shape[-1]
+    ids = torch.arange(n, device=parents.device)
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(*parents.shape, n)
+    jump = torch.where(parents >= 0, parents, ids)
+    for _ in range(max(1, depth).bit_length()):
+        mask = mask | mask.gather(-2, jump[..., None].expand(*jump.shape, n))  # row i |= row jump[i]
+        jump = jump.gather(-1, jump)
+    return mask
+
+
 @dataclass(eq=False)
 class DraftTree:
     """A draft tree of N nodes in flat arrays (node 0 = root/anchor).
@@ -165,20 +179,13 @@ class DraftTree:
         nodes other than the root (padding) see only themselves. No host read when `depth_bound` is set
         or the tree is off the CPU (then N - 1 bounds the depth)."""
         n = self.num_nodes
-        mask = torch.eye(n, dtype=torch.bool, device=self.device)
         if n == 1:
-            return mask
+            return torch.eye(n, dtype=torch.bool, device=self.device)
         if self.depth_bound is not None:
             depth = self.depth_bound
         else:
             depth = self.max_depth if self.device.type == "cpu" else n - 1
-        # Pointer doubling: after k steps every node has OR-ed in its 2^k nearest ancestors.
-        ids = torch.arange(n, device=self.device)
-        jump = torch.where(self.parents >= 0, self.parents, ids)  # the root (and padding) point at themselves
-        for _ in range(max(1, depth).bit_length()):
-            mask = mask | mask[jump]
-            jump = jump[jump]
-        return mask
+        return ancestor_masks(self.parents, depth)
 
     def path_to(self, node: int) -> list[int]:
         """Node ids from the root to `node` (inclusive)."""

@@ -30,4 +30,4 @@ def check_graphed_equals_eager(target: Any, graphed: Any, eager: Any, ar_tokens:
             assert g_trees == e_trees, "the graphed round drafted other trees than the eager one"
             assert g_tokens == e_tokens == want, "diverged from AR greedy"
         assert graphed.generate(ids, NEW).tokens == want
-    assert graphed._graphs is not None, "the round was never captured"
+    assert graphed.captured, "the round was never captured"

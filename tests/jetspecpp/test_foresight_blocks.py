@@ -41,7 +41,7 @@ def test_blocks_drafted_ahead_are_critical_path_drafts_on_the_predicted_states(s
     target = tiny_exact_target(vocab=7, seed=1)
     head, adapter = random_parts(target, taps=(0,), block_size=4, seed=3)
     make = lambda **kw: JetSpecPPDrafter(target, head=head, adapter=adapter, J=2, R=2, states=states, **kw)  # noqa: E731
-    drafter = make(foresight="on", B=10)
+    drafter = make(foresight="on", B=10, host=True)  # the host round (its foresight is the reference)
     state = begin(target, drafter, PROMPT, ANCHOR)
     tree = drafter.draft(state, TREE_POLICIES.build(policy), budget)
     drafter.foresee(state, tree)

@@ -61,7 +61,7 @@ def parts():  # type: ignore[no-untyped-def]
        choices=st.lists(st.tuples(st.booleans(), st.integers(0, 10 ** 6)), min_size=3, max_size=6))
 def test_the_drafter_serves_the_block_drafted_for_the_verified_outcome(policy, states, choices) -> None:  # type: ignore[no-untyped-def]
     target, head, adapter = parts()
-    drafter = JetSpecPPDrafter(target, head=head, adapter=adapter, J=1, R=1, states=states, foresight="on", B=5)
+    drafter = JetSpecPPDrafter(target, head=head, adapter=adapter, J=1, R=1, states=states, foresight="on", B=5, host=True)
     tree_policy = TREE_POLICIES.build(policy)
     n0 = len(PROMPT)
     prefill = target.forward(torch.tensor([PROMPT]), torch.arange(n0)[None], target.new_cache(64), None, drafter.taps)
@@ -102,7 +102,7 @@ def test_the_drafter_serves_the_block_drafted_for_the_verified_outcome(policy, s
 
 def test_after_a_hit_later_rounds_read_the_true_states_of_the_accepted_positions() -> None:
     target, head, adapter = parts()
-    drafter = JetSpecPPDrafter(target, head=head, adapter=adapter, J=1, R=1, foresight="on", B=5)
+    drafter = JetSpecPPDrafter(target, head=head, adapter=adapter, J=1, R=1, foresight="on", B=5, host=True)
     policy = TREE_POLICIES.build("chain")
     n0 = len(PROMPT)
     prefill = target.forward(torch.tensor([PROMPT]), torch.arange(n0)[None], target.new_cache(64), None, drafter.taps)

@@ -68,7 +68,8 @@ class RecordingPipeline(Pipeline):
 
 
 def test_hand_off_order_fork_verify_launch_join(tiny, trained_jpp) -> None:
-    drafter = drafter_from(tiny, trained_jpp, J=1, R=1, foresight="on", B=4)
+    """The host round's hand-off (the device round's is the engine's `SideStage`)."""
+    drafter = drafter_from(tiny, trained_jpp, J=1, R=1, foresight="on", B=4, host=True)
     ref: list = []
     drafter.pipeline = RecordingPipeline(ref, tiny.device)
     decoder = SpecDecoder(tiny, SpecConfig(drafter="jetspec++", tree="chain", budget=5), max_seq_len=160, drafter=drafter)

@@ -5,12 +5,14 @@ its table."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from specbench.config import SpecConfig
@@ -48,11 +50,14 @@ def test_foresight_hits_evaluates_stored_records(tmp_path) -> None:
     assert load_script("foresight_hits").stem("math500", "test/precalculus/1.json") == "math500-test_precalculus_1.json"
 
 
-def test_foresight_table_measures_a_pipelined_generation(tiny, trained_jpp, tmp_path) -> None:
+@pytest.mark.parametrize("device_round", [False, True], ids=["host-round", "device-round"])
+def test_foresight_table_measures_a_pipelined_generation(tiny, trained_jpp, tmp_path, device_round: bool) -> None:
     table = load_script("foresight_table")
     obj, _ = trained_jpp
-    drafter = JetSpecPPDrafter(tiny, head=obj.draft, adapter=obj.adapter, J=1, R=1, states="true", foresight="on", B=8)
+    kw = {"calibration": RowTemperature((16.0,))} if device_round else {"states": "true"}
+    drafter = JetSpecPPDrafter(tiny, head=obj.draft, adapter=obj.adapter, J=1, R=1, foresight="on", B=8, **kw)
     decoder = SpecDecoder(tiny, SpecConfig(drafter="jetspec++", tree="chain", budget=5), drafter=drafter, max_seq_len=160)
+    assert decoder.branching is device_round
     decoder.generate([1, 2, 3], 4)  # a warm-up request: its rounds must not leak into the next row
     row = table.measure(decoder, [5, 17, 33, 2, 90, 41], 32)
     assert row["rounds"] > 5 and 0 < row["hit_rate"] <= 1
@@ -66,3 +71,8 @@ def test_foresight_table_measures_a_pipelined_generation(tiny, trained_jpp, tmp_
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "jetspec++ pipelined" in run.stdout and "exposed_ms" in run.stdout
+    args = argparse.Namespace(head="H", J=1, R=1, states="predicted", draft_device=None, B=16,
+                              calibration=None, tree="chain:16",
+                              configs="jetspec++ pipelined,jetspec++ pipelined host")
+    cfgs = table.configs(args)
+    assert "host" not in cfgs["jetspec++ pipelined"]["args"] and cfgs["jetspec++ pipelined host"]["args"]["host"] is True

@@ -59,7 +59,8 @@ def test_device_round_with_state_ablations(tiny, trained_jpp, ar_tokens, states:
 
 
 def test_the_host_round_is_kept_where_the_device_round_is_not() -> None:
-    """Foresight, another draft device or host=true: the host round (the engine drafts on the host)."""
+    """Recorded or score-only foresight, another draft device or host=true: the host round (the engine
+    drafts on the host); served foresight from predicted states runs in the device round."""
     from specbench.models import load_target
     from specbench.trees import TREE_POLICIES
 
@@ -68,7 +69,9 @@ def test_the_host_round_is_kept_where_the_device_round_is_not() -> None:
     chain = TREE_POLICIES.build("chain")
     assert JetSpecPPDrafter(tiny, head=head, adapter=adapter).capturable(chain)
     assert not JetSpecPPDrafter(tiny, head=head, adapter=adapter, host=True).capturable(chain)
-    assert not JetSpecPPDrafter(tiny, head=head, adapter=adapter, foresight="on").capturable(chain)
+    assert JetSpecPPDrafter(tiny, head=head, adapter=adapter, foresight="on").capturable(chain)  # device foresight
+    assert not JetSpecPPDrafter(tiny, head=head, adapter=adapter, foresight="on", record=True).capturable(chain)
+    assert not JetSpecPPDrafter(tiny, head=head, adapter=adapter, foresight="score").capturable(chain)
     assert not JetSpecPPDrafter(tiny, head=head, adapter=adapter).capturable(TREE_POLICIES.build("ddtree"))  # host on the CPU
     with pytest.raises(ValueError, match="host .run the host-driven round"):
         JetSpecPPDrafter(tiny, head=head, adapter=adapter, host="yes")

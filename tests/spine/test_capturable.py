@@ -36,7 +36,8 @@ def _head_drafter(target, cls, attention: str, clean_next: bool = False):
 
 def _jetspecpp(target, states: str):
     """jetspec++ with J=2 refinement passes, both refreshed, anchor replacement, taps (0, 1) (layer 2 is
-    the decoder's); the adapter's read-outs perturbed so its predictions vary."""
+    the decoder's); the adapter's read-outs perturbed so its predictions vary. STATES "foresight": the
+    predicted states with the device round's foresight stage (B = 4) and its lookup in the commit."""
     head = DraftHead(target.config, HeadConfig(drafter="jetspec++", taps=(0, 1), num_layers=1, block_size=6,
                                                attention="block-causal")).init_weights(target.model, seed=2)
     adapter = StateAdapter(target.config, AdapterConfig(taps=(0, 1), layers=(1, 1), block_size=6))
@@ -45,6 +46,8 @@ def _jetspecpp(target, states: str):
     with torch.no_grad():
         for t in (0, 1):
             adapter.tap(t).out.weight.copy_(0.3 * torch.randn(adapter.tap(t).out.weight.shape, generator=g))
+    if states == "foresight":
+        return JetSpecPPDrafter(target, head=head, adapter=adapter, J=2, R=2, foresight="on", B=4, pipeline="sequential")
     return JetSpecPPDrafter(target, head=head, adapter=adapter, J=2, R=2, states=states)
 
 
@@ -67,7 +70,8 @@ def _drafter(target, name: str):
 CASES = [(None, "chain", 1), ("dflash", "ddtree-vec", 12), ("dflash", "chain", 4), ("jetspec", "eagle2", 8),
          ("jetspec-tree", "ddtree-vec", 8), ("eagle3", "eagle2", 10), ("eagle3", "chain", 4),
          ("jetspec++", "chain", 5), ("jetspec++", "ddtree-vec", 10), ("jetspec++:stale", "chain", 4),
-         ("jetspec++:true", "ddtree-vec", 8), ("ngram", "chain", 6), ("ngram", "ddtree-vec", 16)]
+         ("jetspec++:true", "ddtree-vec", 8), ("ngram", "chain", 6), ("ngram", "ddtree-vec", 16),
+         ("jetspec++:foresight", "chain", 5), ("jetspec++:foresight", "ddtree-vec", 8)]
 
 
 @pytest.mark.parametrize("drafter, tree, budget", CASES, ids=[f"{d}/{t}/{b}" for d, t, b in CASES])

@@ -43,8 +43,15 @@ round captures the drafter's phases ("draft": J0, refreshes, J passes; "tree": p
 `observe` in CUDA graphs. The anchor is the engine's device buffer; `observe` writes the draft cache,
 the adapter's context cache of the top tap, the decoder's upper-layer K/V (and the stale buffer or
 the oracle's cache) from the `Acceptance` rows padded to max_path, every length on the device
-(`device_states.DeviceStates`). Foresight, another draft device, or host=true run the host round
-(the reference): committed states queued and synced into host-sized caches before each read.
+(`device_states.DeviceStates`). With foresight=on (predicted states, decoder scores, no record, T = 0)
+the device round runs foresight too (`device_foresight.py`): a "foresight" stage beside the verify
+forward (the engine's side phase, on the pipeline's second stream) fills a speculation cache of B
+candidate trees in device buffers, `observe` looks the verified outcome up, and the hit flag rides the
+round's readout; the next round's stages are then "hit" (the cached tree copied into the served
+buffers) or "miss" (the draft stages above): the engine captures each branch once and, reading every
+round before the next, runs no lookahead. Other foresight settings, another draft device, a policy
+not capturable here, or host=true run the host round (the reference): committed states queued and
+synced into host-sized caches before each read.
 
 drafter_args: checkpoint (a jetspec++ directory, or a plain jetspec head: refinement without an
 adapter, JetSpec++ Table 12), block_size, J (refinement passes, default 1), R (context refreshes,
@@ -71,6 +78,7 @@ from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.adapter import AdapterConfig, ContextCache, StateAdapter
 from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
+from specbench.drafters.jetspecpp.device_foresight import DeviceForesight
 from specbench.drafters.jetspecpp.device_states import DeviceStates
 from specbench.drafters.jetspecpp.model import NAME, load_jetspecpp
 from specbench.drafters.jetspecpp.outcomes import outcome_distribution
@@ -147,8 +155,14 @@ class JetSpecPPDrafter(HeadDrafter):
         if not isinstance(host, bool):
             raise ValueError(f"host (run the host-driven round, the reference) must be true or false, got {host!r}")
         # the device round: caches written from the Acceptance, no host read (module docstring)
-        self.on_device = not host and self.foresight is None and self.draft_device == target.device
+        self.device_round = not host and self.draft_device == target.device and (
+            self.foresight is None or self.foresight.capturable)
+        self.on_device = self.device_round  # this request's round (device foresight: T = 0 in decoding only)
         self.device_states: DeviceStates | None = None
+        self.device_foresight = DeviceForesight(self, self.foresight) if self.device_round and self.foresight else None
+        self.serving = False  # this request runs the device round's foresight (set in begin)
+        self._branch = "miss"  # the device foresight round's next drafting stages: "hit" (served) or "miss"
+        self._drafted = False  # a round was drafted in this request (so the next could be a hit)
         self.request: DraftState | None = None  # the request begun (its committed length sizes CPU reads)
 
     def _foresight(self, mode: str | bool, B: int, select: str, scores: str, lam: float | None,
@@ -184,10 +198,46 @@ class JetSpecPPDrafter(HeadDrafter):
 
     @property
     def foresees(self) -> bool:
-        return self.foresight is not None
+        """The host round's foresight hook (the device round's foresight is a stage: `side_phase`)."""
+        return self.foresight is not None and not self.serving
 
     def capturable(self, policy: TreePolicy) -> bool:
-        return self.on_device and policy.capturable(self.target.device)
+        """The device round under `policy`. With foresight and a policy not capturable here (ddtree on
+        the CPU) the drafter falls back to the host round's foresight for good (the engine asks before
+        `begin`, which then sizes the host round's caches)."""
+        ok = self.device_round and policy.capturable(self.target.device)
+        if self.device_foresight is not None and not ok:
+            self.device_round = self.on_device = False
+            self.device_foresight = None
+        return ok
+
+    # ---- the device round's foresight (device_foresight.py) --------------------------------------
+    @property
+    def branches(self) -> bool:
+        return self.device_foresight is not None
+
+    @property
+    def branch(self) -> str:
+        return self._branch
+
+    def branch_flag(self) -> Tensor:
+        assert self.device_foresight is not None
+        return self.device_foresight.hit
+
+    def read_branch(self, flag: int) -> None:
+        self._branch = "hit" if flag else "miss"
+
+    def side_phase(self, state: DraftState, policy: TreePolicy, budget: int) -> Phase | None:
+        """The foresight stage (the tree under verification -> the candidates of the next round)."""
+        if not self.serving:
+            return None
+        fs = self.device_foresight
+        assert fs is not None
+        return ("foresight", lambda tree: fs.run(state, tree, policy, budget))
+
+    @property
+    def side_stream(self) -> "torch.cuda.Stream | None":
+        return self.pipeline.side
 
     @property
     def tracks_states(self) -> bool:
@@ -201,10 +251,16 @@ class JetSpecPPDrafter(HeadDrafter):
         prefill = ForwardOutput(logits=prefill.logits, hidden={t: self.pipeline.to_draft(prefill.hidden[t]) for t in self.taps})
         super().begin(state, prefill, max_seq_len)
         self.request = state
+        # the device round's foresight serves greedy decoding; sampled or replayed requests take the host round
+        self.serving = self.device_foresight is not None and state.sampling.greedy and state.reference is None
+        self.on_device = self.device_round and (self.device_foresight is None or self.serving)
         if not self.tracks_states:
             return
-        if self.on_device:  # only the refreshes read block states there
-            return self._begin_device(state, prefill, max_seq_len) if self.R > 0 else None
+        if self.serving:
+            self.device_foresight.reset()  # type: ignore[union-attr]
+            self._branch, self._drafted = "miss", False
+        if self.on_device:  # only the refreshes and the foresight stage read block states there
+            return self._begin_device(state, prefill, max_seq_len) if self.R > 0 or self.device_foresight else None
         slots = max_seq_len + self.block_size  # block reads write after the committed positions
         if self.decoder is None or self.decoder.cache.max_seq_len < slots:
             self.decoder = SliceDecoder(self.target, self.top, slots)
@@ -224,7 +280,8 @@ class JetSpecPPDrafter(HeadDrafter):
         """The device round's state caches, sized once, fed the prompt's positions."""
         slots = max_seq_len + 2 * self.max_path + self.block_size  # as the draft cache: scratch past the prefix
         if self.device_states is None or self.device_states.max_seq_len < slots:
-            self.device_states = DeviceStates(self.target, self.adapter, self.states, (self.top,), self.top, slots)
+            taps = tuple(self.taps) if self.device_foresight is not None else (self.top,)  # the head reads every tap's
+            self.device_states = DeviceStates(self.target, self.adapter, self.states, taps, self.top, slots)
         self.device_states.reset()
         n = prefill.hidden[self.top].shape[1]
         tokens = torch.tensor(state.tokens[:n], dtype=torch.long, device=self.target.device)
@@ -251,6 +308,8 @@ class JetSpecPPDrafter(HeadDrafter):
         if self.on_device:
             acc = result if isinstance(result, Acceptance) else Acceptance.from_result(result, tree.num_nodes,
                                                                                          self.target.device)
+            if self.serving:
+                self.device_foresight.lookup(tree, acc.path, acc.count, acc.bonus)  # type: ignore[union-attr]
             rows = acc.path[: self.max_path].clamp(min=0)  # [P]
             self.write_context(self._features(target_out.hidden, rows), acc.count)
             if self.device_states is not None:
@@ -373,6 +432,18 @@ class JetSpecPPDrafter(HeadDrafter):
         if not self.on_device or state.want_draft_probs:
             return super().phases(state, policy, budget)
         anchor = state.anchor_on(self.target.device)
+        if self.serving:
+            assert self.foresight is not None
+            hit = self._branch == "hit"
+            self.foresight.hit = hit if self._drafted else None
+            self.foresight.log.append({"request": self.foresight.request, "hit": self.foresight.hit})
+            self._drafted = True
+            if hit:  # the tree drafted ahead for the verified outcome: no drafting on the critical path
+                return [("tree", lambda _: self.device_foresight.serve())]  # type: ignore[union-attr]
+            # the ancestor mask (a cached property) is computed in this stage, before the foresight stage
+            # forks off: computed lazily by the verify forward, a side stream could read last round's
+            return [("draft", lambda _: DepthScores(anchor, self.refined_logp(state))),
+                    ("tree", lambda scores: _with_mask(policy.build(scores, budget)))]
         return [("draft", lambda _: DepthScores(anchor, self.refined_logp(state))),  # [D, V]
                 ("tree", lambda scores: policy.build(scores, budget))]
 
@@ -407,3 +478,9 @@ class JetSpecPPDrafter(HeadDrafter):
         probs = process_logits(logp, state.sampling)  # [D, V]
         tokens = [state.draft_rng.categorical(row) for row in probs]
         return DraftTree.chain(state.anchor, tokens, draft_probs=probs, device=self.target.device)
+
+
+def _with_mask(tree: DraftTree) -> DraftTree:
+    """`tree` with its ancestor mask computed now (in the stage that builds it)."""
+    tree.ancestor_mask  # noqa: B018
+    return tree

@@ -12,6 +12,9 @@ a row of the tree's ancestor mask) and in their own block:
 
     mask[b] = [ ones(n) | ancestors(u_b) | block pattern ]            # [b_rows, n + N + b_rows]
 
+(`slot_mask`: the same over whole caches of static size, the committed part and the tree nodes' slots
+found from the committed length on the device, so the device round's foresight stage is capturable.)
+
 The draft head reads the committed context K/V from its cache and the tree nodes' from their
 predicted features; the refresh's adapter and decoder (and the `true` oracle) read their committed
 K/V from their own caches and the tree nodes' from the slots the round's P̂ read (or oracle pass)
@@ -22,6 +25,7 @@ states it is the critical-path draft with the predicted states in place of the t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -29,6 +33,7 @@ from torch import Tensor
 
 from specbench.drafters.base import DraftState
 from specbench.drafters.heads.masks import block_pattern
+from specbench.drafters.jetspecpp.decoder import SliceDecoder
 from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, masked_sdpa
 from specbench.trees.base import DraftTree
 
@@ -36,12 +41,42 @@ if TYPE_CHECKING:
     from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 
 
-def outcome_mask(n: int, ancestors: Tensor, within: Tensor) -> Tensor:
-    """[B, Q, n + N + Q]: each outcome's block rows see the committed context, their tree node's
-    ancestors (ancestors [B, N]) and the block under `within` [Q, Q]."""
-    b, q = ancestors.shape[0], within.shape[0]
-    committed = torch.ones(b, q, n, dtype=torch.bool, device=ancestors.device)
-    return torch.cat([committed, ancestors[:, None, :].expand(b, q, -1), within[None].expand(b, q, q)], dim=2)
+def slot_mask(slots: int, length: Tensor, ancestors: Tensor | None = None) -> Tensor:
+    """[B, slots] (B = 1 without ancestors): the committed slots (< length [1]) and, with ancestors
+    [B, N], tree node i at slot length + i where it is an ancestor of the outcome's node (where a block
+    read left the tree's K/V). Static shapes: the device round reads whole caches."""
+    s = torch.arange(slots, device=length.device)
+    committed = (s < length)[None]  # [1, S]
+    if ancestors is None:
+        return committed
+    n = ancestors.shape[1]
+    node = s - length  # [S]
+    in_tree = (node >= 0) & (node < n)
+    placed = ancestors[:, node.clamp(0, n - 1)] & in_tree[None]  # [B, S]
+    return committed | placed
+
+
+@dataclass
+class Context:
+    """Where an outcome batch reads the committed context: `length` [1] committed positions (a device
+    tensor), `slots` the leading slots of the draft head's and the adapter's caches it reads (those
+    at or past length are masked out), `tree_slots` the decoder's (the tree nodes' K/V at length +
+    node), the top tap adapter's committed K/V per layer (`slots` wide) and the decoder. The host
+    round reads exactly the filled slots (`host_context`); the device round whole caches."""
+
+    length: Tensor
+    slots: int
+    tree_slots: int
+    adapter_kv: list[tuple[Tensor, Tensor]] | None
+    decoder: SliceDecoder | None
+
+
+def host_context(drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree) -> Context:
+    """The host round's context: the committed positions of `state`, the drafter's host-side caches."""
+    n = state.cache_len
+    kv = drafter.adapter_caches[drafter.top].kv() if drafter.adapter_caches else None
+    return Context(length=torch.full((1,), n, dtype=torch.long, device=tree.tokens.device), slots=n,
+                   tree_slots=n + tree.num_nodes, adapter_kv=kv, decoder=drafter.decoder)
 
 
 def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x: Tensor, positions: Tensor,
@@ -76,26 +111,36 @@ class OutcomeBatch:
     whose nodes' predicted tapped states are `states` (tap -> [1, N, d])."""
 
     def __init__(self, drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree, states: dict[int, Tensor],
-                 nodes: Tensor, bonus: Tensor) -> None:
+                 nodes: Tensor, bonus: Tensor, context: Context | None = None) -> None:
         self.drafter, self.state, self.tree, self.states = drafter, state, tree, states
         self.nodes, self.bonus = nodes, bonus
+        ctx = self.context = context if context is not None else host_context(drafter, state, tree)
         dev = nodes.device
         self.n, self.size = state.cache_len, tree.num_nodes
         b = drafter.block_size
         self.offsets = torch.arange(b, device=dev)
-        self.positions = (self.n + tree.depth[nodes] + 1)[:, None] + self.offsets  # [B, b]
+        self.positions = (ctx.length + tree.depth[nodes] + 1)[:, None] + self.offsets  # [B, b]
         self.ancestors = tree.ancestor_mask[nodes]  # [B, N]
-        self.node_positions = (self.n + tree.depth)[None]  # [1, N]
-        self.head_mask = outcome_mask(self.n, self.ancestors, block_pattern(b, drafter.attention, dev))
-        self.causal_mask = outcome_mask(self.n, self.ancestors, block_pattern(b, "block-causal", dev))
+        self.node_positions = (ctx.length + tree.depth)[None]  # [1, N]
+        count = self.positions.shape[0]
+        committed = slot_mask(ctx.slots, ctx.length).expand(count, -1)  # [B, S]
+        placed = slot_mask(ctx.tree_slots, ctx.length, self.ancestors)  # [B, S']
+
+        def rows(context: Tensor, pattern: str) -> Tensor:  # [B, b, C + b]
+            within = block_pattern(b, pattern, dev)
+            return torch.cat([context[:, None, :].expand(count, b, -1), within[None].expand(count, b, b)], dim=2)
+
+        self.head_mask = rows(torch.cat([committed, self.ancestors], dim=1), drafter.attention)  # keys: cache | tree | block
+        self.adapter_mask = rows(torch.cat([committed, self.ancestors], dim=1), "block-causal")
+        self.causal_mask = rows(placed, "block-causal")  # keys: cache slots (tree nodes inside) | block
         model, head = drafter.target.model, drafter.head
         feats = torch.cat([states[t] for t in drafter.taps], dim=-1)  # [1, N, m*d]
         cache = drafter.cache
         assert cache is not None
         ext = head.context_kv(feats, self.node_positions, model)
-        count = self.positions.shape[0]
-        self.head_kv = [(torch.cat([cache.k[i, :, :, : self.n], k], dim=2).expand(count, -1, -1, -1),
-                         torch.cat([cache.v[i, :, :, : self.n], v], dim=2).expand(count, -1, -1, -1))
+        s = ctx.slots
+        self.head_kv = [(torch.cat([cache.k[i, :, :, :s], k], dim=2).expand(count, -1, -1, -1),
+                         torch.cat([cache.v[i, :, :, :s], v], dim=2).expand(count, -1, -1, -1))
                         for i, (k, v) in enumerate(ext)]
 
     def head_logp(self, tokens: Tensor, is_mask: Tensor) -> Tensor:
@@ -118,22 +163,23 @@ class OutcomeBatch:
         if d.states == "true":
             assert d.oracle is not None
             x = model.embed(tokens)
-            return shared_layers(model.layers[: top + 1], d.oracle, self.n + self.size, x, self.positions,
+            return shared_layers(model.layers[: top + 1], d.oracle, self.context.tree_slots, x, self.positions,
                                  self.causal_mask, model)
         tap = d.adapter.tap(top)  # type: ignore[union-attr]
         ext = tap.context_kv(self.states[top], self.node_positions, model)
-        committed = d.adapter_caches[top].kv()
+        committed = self.context.adapter_kv
+        assert committed is not None
         kv = [(torch.cat([ck, k], dim=2).expand(count, -1, -1, -1), torch.cat([cv, v], dim=2).expand(count, -1, -1, -1))
               for (ck, cv), (k, v) in zip(committed, ext)]
-        return tap(tokens, self.positions, kv, self.causal_mask, model)
+        return tap(tokens, self.positions, kv, self.adapter_mask, model)
 
     def decoder_logits(self, h_top: Tensor) -> Tensor:
         """p̂ logits [B, b, V] (fp32) of the blocks' top-tap states [B, b, d]: the decoder slice over
         the committed positions and each outcome's tree path (K/V left by the round's P̂ read)."""
         d = self.drafter
-        dec, model = d.decoder, d.target.model
+        dec, model = self.context.decoder, d.target.model
         assert dec is not None
-        x = shared_layers(dec.layers, dec.cache, self.n + self.size, h_top, self.positions, self.causal_mask, model) \
+        x = shared_layers(dec.layers, dec.cache, self.context.tree_slots, h_top, self.positions, self.causal_mask, model) \
             if dec.layers else h_top.to(model.embed.weight.dtype)
         return model.lm_head(model.norm(x)).float()
 

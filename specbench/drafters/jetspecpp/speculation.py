@@ -114,6 +114,12 @@ class Foresight:
         self.log: list[dict[str, Any]] = []  # per drafted round: {"request": i, "hit": True | False | None}
         self.records: list[RoundRecord] = []
 
+    @property
+    def capturable(self) -> bool:
+        """Whether the device round can run this foresight (`device_foresight.py`): blocks drafted ahead
+        from the adapter's predicted states, outcomes ranked by the decoder's rows, no records."""
+        return self.mode == "on" and not self.record and self.scores == "decoder" and self.drafter.states == "predicted"
+
     def reset(self) -> None:
         """A new request (the round log and records are kept until `clear_log`)."""
         self.drafter.pipeline.join()
