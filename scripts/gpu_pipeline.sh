@@ -155,7 +155,7 @@ EOF
 phase_gputests() {
   local G=$P/gputests; mkdir -p $G
   log "GPU tests"
-  SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m gpu tests/gpu -v \
+  SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m gpu tests/gpu -vv \
     -p no:cacheprovider -rs > $G/tests.txt 2>&1; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" $G/tests.txt | tail -40
   bundle pack gputests gputests --spool $SPOOL --base $P
 }
