@@ -15,7 +15,11 @@
 #   tau      tau by exact replay of $RUN/heads (scripts/tau_table.py: TAU_N items of GSM8K and MATH-500,
 #            budgets 16/64/256) until TAU_END_S
 #   ablate   a fresh run of ABL_HEADS with one more head per value of ABL_GRID (from scratch, so the heads
-#            compare at equal tokens) until ABL_TRAIN_END_S, then scripts/ablation_table.py until ABL_END_S
+#            compare at equal tokens) until ABL_TRAIN_END_S, then scripts/ablation_table.py until ABL_END_S;
+#            ABL_ARGS adds train flags, e.g. labelled heads of one objective with their own losses:
+#            ABL_HEADS=jetspec,sft=jetspec,rkl=jetspec ABL_GRID=" " ABL_ARGS='--head-arg sft:losses={"ce":1}
+#            --head-arg rkl:losses={"rkl":1}' (Table 14; JSON, no spaces: the words are split), or
+#            --head-arg noised:p_mask_only=1 (Table 13)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
 #            Qwen3-8B shapes); the faster level on SmolLM2's AR step becomes SPECBENCH_FUSED_LEVEL for what follows
 #   gputests python -m pytest -m gpu tests/gpu (SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD when given)
@@ -112,9 +116,10 @@ phase_ablate() {
   local RA=$ROOT/run-ablation A=$P/ablation grid="" g; mkdir -p $A
   for g in ${ABL_GRID:-num_layers=2,3 num_taps=1,5 block_size=8}; do grid="$grid --grid $g"; done
   log "ablation run: ${ABL_HEADS:-dflash} $grid"
-  python3 -m specbench.cli train $common --drafter ${ABL_HEADS:-dflash} $grid --out $RA --steps 100000 --until-step ${PROBE_STEPS:-40} > $A/probe.txt 2>&1
+  python3 -m specbench.cli train $common --drafter ${ABL_HEADS:-dflash} $grid ${ABL_ARGS:-} --out $RA --steps 100000 \
+    --until-step ${PROBE_STEPS:-40} > $A/probe.txt 2>&1
   tail -4 $A/probe.txt
-  heads="${ABL_HEADS:-dflash} $grid" sched_extra="" train_scheduled $RA ${ABL_TRAIN_END_S:-780} ${PROBE_STEPS:-40} $(probe_rate $RA)
+  heads="${ABL_HEADS:-dflash} $grid" sched_extra="${ABL_ARGS:-}" train_scheduled $RA ${ABL_TRAIN_END_S:-780} ${PROBE_STEPS:-40} $(probe_rate $RA)
   python3 -m specbench.cli train-report "$RA" --plots $A/plots > $A/train_report.txt 2>&1; cat $A/train_report.txt
   log "ablation table"
   timeout $(left ${ABL_END_S:-900}) python3 scripts/ablation_table.py --run $RA --data $SPECBENCH_DATA --out $A/table \
