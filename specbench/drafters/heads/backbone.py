@@ -168,11 +168,13 @@ class DraftHead(nn.Module):
         return target.ops.norm(x, self.norm.weight, self.norm.eps, delta)[0]
 
     def forward(self, x: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,
-                target: Transformer, return_layers: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+                target: Transformer, return_layers: bool = False,
+                rope: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, list[Tensor]]:
         """x [B, Q, d] block input embeddings at `positions` [B, Q]; ctx_kv from `context_kv`
         ([B, Hkv, C, D] per layer); mask [B, Q, C + Q] bool. Returns the final-normed hidden
-        [B, Q, d] (and every layer's output when return_layers)."""
-        cos, sin = self.rope(positions, target)
+        [B, Q, d] (and every layer's output when return_layers). rope: `self.rope(positions, target)`
+        when the caller already has it (passes over the same positions)."""
+        cos, sin = rope if rope is not None else self.rope(positions, target)
         attn_mask = mask[:, None]  # [B, 1, Q, C+Q]
         outputs: list[Tensor] = []
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):

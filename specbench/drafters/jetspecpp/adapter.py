@@ -90,10 +90,11 @@ class TapAdapter(nn.Module):
         return self.net.context_kv(states, positions, model)
 
     def forward(self, tokens: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,
-                model: Transformer) -> Tensor:
-        """tokens, positions [B, Q]; mask [B, Q, C + Q] (context ; block) -> predicted states [B, Q, d]."""
+                model: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """tokens, positions [B, Q]; mask [B, Q, C + Q] (context ; block) -> predicted states [B, Q, d]
+        (rope: `net.rope(positions, model)` if the caller has it)."""
         x = self.net.embed_block(tokens, torch.zeros_like(tokens, dtype=torch.bool), model)
-        y = self.net(x, positions, ctx_kv, mask, model)
+        y = self.net(x, positions, ctx_kv, mask, model, rope=rope)
         return self.mean + self.scale * self.out(y)
 
     def forward_cached(self, tokens: Tensor, positions: Tensor, cache: KVCache, meta: AttentionMeta,

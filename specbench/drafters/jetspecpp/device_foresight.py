@@ -93,8 +93,9 @@ class DeviceForesight:
         ds = d._device_states()
         n = tree.num_nodes
         slots = d._kv_len(state, n)
-        states = ds.block(tree.tokens, tree.depth, tree.ancestor_mask, d.taps, slots)  # tap -> [1, N, d]
-        logits = ds.decoder.read(states[d.top], tree.depth, tree.ancestor_mask, slots)  # [N, V]; tree K/V at length + i
+        meta = ds.plan(tree.ancestor_mask, slots)  # one attention mask for every tap's adapter and the decoder
+        states = ds.block(tree.tokens, tree.depth, tree.ancestor_mask, d.taps, slots, meta)  # tap -> [1, N, d]
+        logits = ds.decoder.read(states[d.top], tree.depth, tree.ancestor_mask, slots, meta)  # [N, V]; tree K/V at length + i
         law = self.decoder_law(logits, tree, min(logits.shape[-1], f.B + n))
         sel = select(f.rule, law, tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, f.B, lam=f.lam,
                      ratio=f.ratio)

@@ -71,9 +71,16 @@ class DeviceStates:
                        num_layers=self.top + 1, kv_len=kv_len)
             self.oracle.advance_device(count)
 
-    def block(self, tokens: Tensor, depth: Tensor, within: Tensor, taps: tuple[int, ...], kv_len: int) -> dict[int, Tensor]:
+    def plan(self, within: Tensor, kv_len: int) -> AttentionMeta:
+        """The attention plan of a block read (within-block mask [Q, Q], `kv_len` slots) that every tap's
+        adapter and the decoder share: `commit` and `reset` move every cache together, so one committed
+        length serves all, and the mask is built once."""
+        return AttentionMeta(lengths=self.decoder.cache.lengths, tree_mask=within[None], kv_len=kv_len)
+
+    def block(self, tokens: Tensor, depth: Tensor, within: Tensor, taps: tuple[int, ...], kv_len: int,
+              meta: AttentionMeta | None = None) -> dict[int, Tensor]:
         """States [1, Q, d] per tap of block/tree rows `tokens` [Q] at positions committed + depth [Q],
-        within-block mask [Q, Q], reading `kv_len` slots (>= committed + Q)."""
+        within-block mask [Q, Q], reading `kv_len` slots (>= committed + Q); `meta`: the read's `plan`."""
         q = tokens.shape[0]
         if self.states != "true" and not set(taps) <= set(self.taps):
             raise ValueError(f"the device round keeps the states of taps {list(self.taps)} only, asked for {list(taps)}: "
@@ -85,18 +92,16 @@ class DeviceStates:
             out = self.model(tokens[None], (self.oracle.lengths + depth)[None], self.oracle, within[None], taps,
                              logits_rows=self._no_logits(tokens), num_layers=self.top + 1, kv_len=kv_len)
             return {t: out.hidden[t] for t in taps}
-        out = {}
-        for t in taps:
-            cache = self.caches[t]
-            meta = AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len)
-            out[t] = self.adapter.tap(t).forward_cached(tokens[None], (cache.lengths + depth)[None], cache, meta,  # type: ignore[union-attr]
-                                                        self.model)
-        return out
+        meta = meta if meta is not None else self.plan(within, kv_len)
+        positions = (meta.lengths + depth)[None]
+        return {t: self.adapter.tap(t).forward_cached(tokens[None], positions, self.caches[t], meta, self.model)  # type: ignore[union-attr]
+                for t in taps}
 
     def decoder_logits(self, tokens: Tensor, depth: Tensor, within: Tensor, kv_len: int) -> Tensor:
         """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j)."""
-        h_top = self.block(tokens, depth, within, (self.top,), kv_len)[self.top]
-        return self.decoder.read(h_top, depth, within, kv_len)
+        meta = self.plan(within, kv_len)
+        h_top = self.block(tokens, depth, within, (self.top,), kv_len, meta)[self.top]
+        return self.decoder.read(h_top, depth, within, kv_len, meta)
 
     @staticmethod
     def _no_logits(tokens: Tensor) -> Tensor:

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from specbench.drafters.base import DraftState
+from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
 from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, masked_sdpa
@@ -130,14 +131,16 @@ class OutcomeBatch:
             within = block_pattern(b, pattern, dev)
             return torch.cat([context[:, None, :].expand(count, b, -1), within[None].expand(count, b, b)], dim=2)
 
-        self.head_mask = rows(torch.cat([committed, self.ancestors], dim=1), drafter.attention)  # keys: cache | tree | block
-        self.adapter_mask = rows(torch.cat([committed, self.ancestors], dim=1), "block-causal")
+        seen = torch.cat([committed, self.ancestors], dim=1)  # [B, S + N]
+        self.head_mask = rows(seen, drafter.attention)  # keys: cache | tree | block
+        self.adapter_mask = self.head_mask if drafter.attention == "block-causal" else rows(seen, "block-causal")
         self.causal_mask = rows(placed, "block-causal")  # keys: cache slots (tree nodes inside) | block
         model, head = drafter.target.model, drafter.head
         feats = torch.cat([states[t] for t in drafter.taps], dim=-1)  # [1, N, m*d]
         cache = drafter.cache
         assert cache is not None
         ext = head.context_kv(feats, self.node_positions, model)
+        self._ropes: dict[torch.dtype, tuple[Tensor, Tensor]] = {}  # every pass runs at `positions`
         s = ctx.slots
         self.head_kv = [(torch.cat([cache.k[i, :, :, :s], k], dim=2).expand(count, -1, -1, -1),
                          torch.cat([cache.v[i, :, :, :s], v], dim=2).expand(count, -1, -1, -1))
@@ -148,8 +151,14 @@ class OutcomeBatch:
         d = self.drafter
         model = d.target.model
         x = d.head.embed_block(tokens, is_mask, model)
-        hidden = d.head(x, self.positions, self.head_kv, self.head_mask, model)
+        hidden = d.head(x, self.positions, self.head_kv, self.head_mask, model, rope=self.rope(d.head))
         return torch.log_softmax(d.head.logits(hidden, model.lm_head.weight).float(), dim=-1)
+
+    def rope(self, net: DraftHead) -> tuple[Tensor, Tensor]:
+        """`net.rope(positions)`, computed once per dtype for every pass of the batch."""
+        if net.dtype not in self._ropes:
+            self._ropes[net.dtype] = net.rope(self.positions, self.drafter.target.model)
+        return self._ropes[net.dtype]
 
     def top_states(self, tokens: Tensor) -> Tensor:
         """The top tap's states [B, b, d] of each outcome's block `tokens` [B, b], from the drafter's
@@ -171,7 +180,7 @@ class OutcomeBatch:
         assert committed is not None
         kv = [(torch.cat([ck, k], dim=2).expand(count, -1, -1, -1), torch.cat([cv, v], dim=2).expand(count, -1, -1, -1))
               for (ck, cv), (k, v) in zip(committed, ext)]
-        return tap(tokens, self.positions, kv, self.adapter_mask, model)
+        return tap(tokens, self.positions, kv, self.adapter_mask, model, rope=self.rope(tap.net))
 
     def decoder_logits(self, h_top: Tensor) -> Tensor:
         """p̂ logits [B, b, V] (fp32) of the blocks' top-tap states [B, b, d]: the decoder slice over
