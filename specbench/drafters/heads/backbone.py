@@ -167,6 +167,29 @@ class DraftHead(nn.Module):
             x, delta = layer.step(x, delta, cos, sin, cache.k[i], cache.v[i], slots, meta, target._attend, target.ops)
         return target.ops.norm(x, self.norm.weight, self.norm.eps, delta)[0]
 
+    def forward_fused(self, x: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,
+                      target: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Inference `forward` (same arguments, the final-normed hidden [B, Q, d]) through the target's
+        layer ops (`target.ops`, as `forward_cached`): the same ops in the same order as `forward` with the
+        reference ops (the CPU), one Triton kernel each where `forward` launches several on CUDA. No
+        autograd through the fused kernels: training calls `forward`."""
+        b, q = x.shape[:2]
+        cos, sin = rope if rope is not None else self.rope(positions, target)
+        attn_mask = mask[:, None]  # [B, 1, Q, C+Q]
+        slots = torch.arange(q, device=x.device).expand(b, q)  # the block's own K/V: scratch [B, Hkv, Q, D]
+        meta = AttentionMeta(lengths=torch.zeros(b, dtype=torch.long, device=x.device), tree_mask=mask[:, :, -q:], kv_len=q)
+        delta = None
+        for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
+            k_new = x.new_empty(b, layer.attn.n_kv, q, layer.attn.head_dim)
+            v_new = torch.empty_like(k_new)
+
+            def attend(qh: Tensor, k: Tensor, v: Tensor, _meta: AttentionMeta, scale: float,
+                       k_ctx: Tensor = k_ctx, v_ctx: Tensor = v_ctx) -> Tensor:
+                return masked_sdpa(qh, torch.cat([k_ctx, k], dim=2), torch.cat([v_ctx, v], dim=2), attn_mask, scale)
+
+            x, delta = layer.step(x, delta, cos, sin, k_new, v_new, slots, meta, attend, target.ops)
+        return target.ops.norm(x, self.norm.weight, self.norm.eps, delta)[0]
+
     def forward(self, x: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,
                 target: Transformer, return_layers: bool = False,
                 rope: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, list[Tensor]]:

@@ -90,11 +90,13 @@ class TapAdapter(nn.Module):
         return self.net.context_kv(states, positions, model)
 
     def forward(self, tokens: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,
-                model: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                model: Transformer, rope: tuple[Tensor, Tensor] | None = None, fused: bool = False) -> Tensor:
         """tokens, positions [B, Q]; mask [B, Q, C + Q] (context ; block) -> predicted states [B, Q, d]
-        (rope: `net.rope(positions, model)` if the caller has it)."""
+        (rope: `net.rope(positions, model)` if the caller has it; fused: inference through the target's
+        layer ops, `DraftHead.forward_fused`)."""
         x = self.net.embed_block(tokens, torch.zeros_like(tokens, dtype=torch.bool), model)
-        y = self.net(x, positions, ctx_kv, mask, model, rope=rope)
+        y = self.net.forward_fused(x, positions, ctx_kv, mask, model, rope) if fused else \
+            self.net(x, positions, ctx_kv, mask, model, rope=rope)
         return self.mean + self.scale * self.out(y)
 
     def forward_cached(self, tokens: Tensor, positions: Tensor, cache: KVCache, meta: AttentionMeta,

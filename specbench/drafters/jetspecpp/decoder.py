@@ -51,7 +51,7 @@ class SliceDecoder:
             meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=within[None], kv_len=kv_len)
         x = h.to(self.model.embed.weight.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, self.cache.k[i], self.cache.v[i], slots, meta, sdpa_attention)
+            x = layer(x, cos, sin, self.cache.k[i], self.cache.v[i], slots, meta, sdpa_attention, self.model.ops)
         return x
 
     def _host_kv_len(self, q: int) -> int:

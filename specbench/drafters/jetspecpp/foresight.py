@@ -84,7 +84,8 @@ def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x
                   mask: Tensor, model) -> Tensor:  # type: ignore[no-untyped-def]
     """B blocks x [B, Q, d] at positions [B, Q] through decoder layers whose keys are the first `shared`
     slots of a batch-1 cache (layer i = cache layer i, the same for every block) followed by each
-    block's own K/V, under mask [B, Q, shared + Q]. Returns the last layer's output [B, Q, d]."""
+    block's own K/V, under mask [B, Q, shared + Q], with the model's layer ops (fused on CUDA, as the
+    target's own forward). Returns the last layer's output [B, Q, d]."""
     b, q = x.shape[:2]
     cos, sin = model.rope(positions)
     heads, dim = cache.k.shape[2], cache.k.shape[4]
@@ -103,7 +104,7 @@ def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x
             values = torch.cat([v_old.expand(b, -1, -1, -1), v], dim=2)
             return masked_sdpa(qh, keys, values, attn_mask, scale)
 
-        x = layer(x, cos, sin, k_new, v_new, slots, meta, attend)
+        x = layer(x, cos, sin, k_new, v_new, slots, meta, attend, model.ops)
     return x
 
 
@@ -151,7 +152,7 @@ class OutcomeBatch:
         d = self.drafter
         model = d.target.model
         x = d.head.embed_block(tokens, is_mask, model)
-        hidden = d.head(x, self.positions, self.head_kv, self.head_mask, model, rope=self.rope(d.head))
+        hidden = d.head.forward_fused(x, self.positions, self.head_kv, self.head_mask, model, self.rope(d.head))
         return torch.log_softmax(d.head.logits(hidden, model.lm_head.weight).float(), dim=-1)
 
     def rope(self, net: DraftHead) -> tuple[Tensor, Tensor]:
@@ -180,7 +181,7 @@ class OutcomeBatch:
         assert committed is not None
         kv = [(torch.cat([ck, k], dim=2).expand(count, -1, -1, -1), torch.cat([cv, v], dim=2).expand(count, -1, -1, -1))
               for (ck, cv), (k, v) in zip(committed, ext)]
-        return tap(tokens, self.positions, kv, self.adapter_mask, model, rope=self.rope(tap.net))
+        return tap(tokens, self.positions, kv, self.adapter_mask, model, rope=self.rope(tap.net), fused=True)
 
     def decoder_logits(self, h_top: Tensor) -> Tensor:
         """p̂ logits [B, b, V] (fp32) of the blocks' top-tap states [B, b, d]: the decoder slice over
