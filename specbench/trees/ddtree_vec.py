@@ -149,7 +149,7 @@ class DDTreeVecPolicy(TreePolicy):
 
     def build_batch(self, anchors: Tensor, logp: Tensor, budget: int) -> TreeBatch:
         """`build` of B tables logp [B, D, V] (anchors [B]): one ranked top-k over every row, then
-        `build_top_b_batch` (one Triton program per tree on CUDA)."""
+        `build_top_b_batch` (on CUDA one launch of the Triton builder, a program per tree)."""
         budget = check_budget(budget)
         b, depth, vocab = logp.shape
         depth = min(depth, budget)
@@ -159,15 +159,19 @@ class DDTreeVecPolicy(TreePolicy):
         values, ids = ranked_topk(logp[:, :depth].reshape(b * depth, vocab), k)  # DepthScores.topk, every row
         tokens, lp = ids.reshape(b, depth, k), values.reshape(b, depth, k)
         if lp.is_cuda:
-            return TreeBatch.stack([self._kernel_build(anchors[i: i + 1], tokens[i], lp[i], budget) for i in range(b)])
+            tok, par, dep, score = self._kernel(budget, k, lp.device).batch(anchors.reshape(b).long(), tokens, lp)
+            return TreeBatch(tokens=tok, parents=par, depth=dep, scores=score, depth_bound=depth)
         return build_top_b_batch(anchors, tokens, lp, budget)
 
-    def _kernel_build(self, anchor: Anchor, tokens: Tensor, logp: Tensor, budget: int) -> DraftTree:
+    def _kernel(self, budget: int, width: int, device: torch.device):  # type: ignore[no-untyped-def]
         from specbench.kernels.top_b_tree import TopBTree
 
-        key = (budget, logp.shape[1], logp.device)
+        key = (budget, width, device)
         if key not in self._kernels:
-            self._kernels[key] = TopBTree(budget, logp.shape[1], logp.device)
-        kernel = self._kernels[key]
-        tok, par, dep, score = kernel(anchor_tensor(anchor, logp.device), tokens, logp)  # type: ignore[operator]
+            self._kernels[key] = TopBTree(budget, width, device)
+        return self._kernels[key]
+
+    def _kernel_build(self, anchor: Anchor, tokens: Tensor, logp: Tensor, budget: int) -> DraftTree:
+        kernel = self._kernel(budget, logp.shape[1], logp.device)
+        tok, par, dep, score = kernel(anchor_tensor(anchor, logp.device), tokens, logp)
         return DraftTree(tokens=tok, parents=par, depth=dep, scores=score, depth_bound=logp.shape[0])
