@@ -164,7 +164,7 @@ def main() -> None:
         draft_counts.append((sum(counter.counts.values()), sum(counter.kernels.values())))
         return out
 
-    parts = [("P̂: tree states", DeviceStates, "block"), ("P̂: decoder read", SliceDecoder, "read"),
+    parts = [("P̂: tree states", DeviceStates, "plan"), ("P̂: tree states", DeviceStates, "block"), ("P̂: decoder read", SliceDecoder, "read"),
              ("P̂: rows", device_foresight.DeviceForesight, "decoder_law"), ("selection", device_foresight, "select"),
              ("setup", foresight.OutcomeBatch, "__init__"), ("blocks", foresight.OutcomeBatch, "refined_logp"),
              ("builds", type(dec.policy), "build"), ("builds", type(dec.policy), "build_batch")]

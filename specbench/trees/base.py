@@ -306,6 +306,13 @@ class TreeBatch:
     depth: Tensor
     scores: Tensor | None = None
     depth_bound: int | None = None
+    ancestor_mask: Tensor | None = None  # [B, N, N] when the builder knows it (chain: every tree is a path)
+
+    def masks(self) -> Tensor:
+        """[B, N, N] each tree's `DraftTree.ancestor_mask`, in one batched pass when not known."""
+        if self.ancestor_mask is not None:
+            return self.ancestor_mask
+        return ancestor_masks(self.parents, self.depth_bound if self.depth_bound is not None else self.tokens.shape[1] - 1)
 
     @classmethod
     def stack(cls, trees: Sequence[DraftTree]) -> "TreeBatch":

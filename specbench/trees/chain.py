@@ -39,7 +39,8 @@ class ChainPolicy(TreePolicy):
         return TreeBatch(tokens=torch.cat([anchors.reshape(b, 1).long(), top.indices], dim=1),
                          parents=(ids - 1).expand(b, n), depth=ids.expand(b, n),
                          scores=torch.cat([top.values.new_zeros(b, 1), torch.cumsum(top.values.clamp(max=0.0), 1)], 1),
-                         depth_bound=n - 1)
+                         depth_bound=n - 1,
+                         ancestor_mask=torch.ones(n, n, dtype=torch.bool, device=dev).tril_().expand(b, n, n))
 
     def grow(self, anchor: int, expand: ExpandFn, budget: int, max_depth: int,
              device: torch.device | str = "cpu") -> DraftTree:

@@ -35,6 +35,7 @@ def _assert_equal(batch: TreeBatch, trees: list, what: str) -> None:
             assert torch.equal(got.scores, tree.scores), f"{what}: tree {i} scores"
         assert got.depth_bound == tree.depth_bound
         assert torch.equal(got.ancestor_mask, tree.ancestor_mask)
+        assert torch.equal(batch.masks()[i], tree.ancestor_mask), f"{what}: tree {i} ancestor mask"
 
 
 @pytest.mark.parametrize("name", ["chain", "ddtree-vec", "ddtree"])

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from specbench.drafters.init import init_draft_params_
 from specbench.drafters.heads.masks import ATTENTION_KINDS
 from specbench.models.config import ModelConfig
-from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, RMSNorm, Transformer, masked_sdpa
+from specbench.models.decoder import (REFERENCE_OPS, AttentionMeta, DecoderLayer, KVCache, LayerOps, RMSNorm, Transformer,
+                                     masked_sdpa)
 
 
 def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
@@ -122,15 +123,18 @@ class DraftHead(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
-    def fuse(self, features: Tensor) -> Tensor:
+    def fuse(self, features: Tensor, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """features [B, C, m*d] (the taps concatenated in config order) -> c [B, C, d]."""
-        return self.hidden_norm(self.fc(features))
+        return ops.norm(self.fc(features), self.hidden_norm.weight, self.hidden_norm.eps)[0]
 
-    def context_kv(self, features: Tensor, positions: Tensor, target: Transformer) -> list[tuple[Tensor, Tensor]]:
-        """Per layer (K, V) [B, Hkv, C, D] of the context features at `positions` [B, C]."""
-        c = self.fuse(features.to(self.dtype))
+    def context_kv(self, features: Tensor, positions: Tensor, target: Transformer,
+                   fused: bool = False) -> list[tuple[Tensor, Tensor]]:
+        """Per layer (K, V) [B, Hkv, C, D] of the context features at `positions` [B, C]. fused: inference
+        through the target's layer ops (Triton kernels on CUDA, the same ops elsewhere; no autograd)."""
+        ops = target.ops if fused else REFERENCE_OPS
+        c = self.fuse(features.to(self.dtype), ops)
         cos, sin = self.rope(positions, target)
-        return [_project_kv(layer, c, cos, sin) for layer in self.layers]
+        return [_project_kv(layer, c, cos, sin, ops) for layer in self.layers]
 
     def embed_block(self, tokens: Tensor, is_mask: Tensor, target: Transformer) -> Tensor:
         """tokens, is_mask [B, Q] -> input embeddings [B, Q, d] (MASK rows get the mask embedding)."""
@@ -155,12 +159,13 @@ class DraftHead(nn.Module):
                                 eps=attn.k_norm.eps if attn.k_norm is not None else 1e-6)
 
     def forward_cached(self, x: Tensor, positions: Tensor, cache: KVCache, meta: AttentionMeta,
-                       target: Transformer) -> Tensor:
+                       target: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Inference: block/tree inputs x [1, Q, d] at `positions` [1, Q] through the draft layers as
         decoder layers over the draft cache (context K/V at slots < meta.lengths; the inputs' own K/V
         written at slots lengths .. lengths+Q-1 as scratch, seen under meta.tree_mask), with the
-        target's attention backend and element-wise ops. Returns the final-normed hidden [1, Q, d]."""
-        cos, sin = self.rope(positions, target)
+        target's attention backend and element-wise ops. Returns the final-normed hidden [1, Q, d].
+        rope: `self.rope(positions, target)` if the caller has it."""
+        cos, sin = rope if rope is not None else self.rope(positions, target)
         slots = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)
         delta = None
         for i, layer in enumerate(self.layers):
@@ -208,22 +213,24 @@ class DraftHead(nn.Module):
         return (out, outputs) if return_layers else out
 
 
-def _projected(layer: DecoderLayer, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _projected(layer: DecoderLayer, x: Tensor, cos: Tensor, sin: Tensor,
+               ops: LayerOps = REFERENCE_OPS) -> tuple[Tensor, Tensor, Tensor]:
     """The decoder's own projection (`Attention.project`: wqkv, q/k-norm, RoPE) of x [B, N, d], its K/V
-    scattered into fresh scratch tensors (differentiable: the training pass backpropagates through them):
-    q [B, H, N, D], k, v [B, Hkv, N, D]."""
+    scattered into fresh scratch tensors (differentiable with the reference ops: the training pass
+    backpropagates through them): q [B, H, N, D], k, v [B, Hkv, N, D]."""
     attn = layer.attn
     b, n, _ = x.shape
     k = x.new_zeros(b, attn.n_kv, n, attn.head_dim)
     v = x.new_zeros(b, attn.n_kv, n, attn.head_dim)
     slots = torch.arange(n, device=x.device).expand(b, n)
-    q = attn.project(x, cos, sin, k, v, slots)
+    q = attn.project(x, cos, sin, k, v, slots, ops)
     return q, k, v
 
 
-def _project_kv(layer: DecoderLayer, c: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+def _project_kv(layer: DecoderLayer, c: Tensor, cos: Tensor, sin: Tensor,
+                ops: LayerOps = REFERENCE_OPS) -> tuple[Tensor, Tensor]:
     """The layer's own K/V (k-norm, RoPE) of context features c [B, C, d]: [B, Hkv, C, D] each."""
-    _, k, v = _projected(layer, c, cos, sin)
+    _, k, v = _projected(layer, c, cos, sin, ops)
     return k, v
 
 

@@ -32,7 +32,7 @@ from specbench.drafters.base import DraftState
 from specbench.drafters.jetspecpp.foresight import Context, OutcomeBatch
 from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.selection import RowLaw, select
-from specbench.trees.base import DraftTree, TreeBatch, TreePolicy, ancestor_masks
+from specbench.trees.base import DraftTree, TreeBatch, TreePolicy
 
 if TYPE_CHECKING:
     from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
@@ -93,9 +93,9 @@ class DeviceForesight:
         ds = d._device_states()
         n = tree.num_nodes
         slots = d._kv_len(state, n)
-        meta = ds.plan(tree.ancestor_mask, slots)  # one attention mask for every tap's adapter and the decoder
-        states = ds.block(tree.tokens, tree.depth, tree.ancestor_mask, d.taps, slots, meta)  # tap -> [1, N, d]
-        logits = ds.decoder.read(states[d.top], tree.depth, tree.ancestor_mask, slots, meta)  # [N, V]; tree K/V at length + i
+        plan = ds.plan(tree.depth, tree.ancestor_mask, slots)  # one mask and RoPE for every tap's adapter and the decoder
+        states = ds.block(tree.tokens, tree.depth, tree.ancestor_mask, d.taps, slots, plan)  # tap -> [1, N, d]
+        logits = ds.decoder.read(states[d.top], tree.depth, tree.ancestor_mask, slots, plan.meta, plan.rope)  # [N, V]
         law = self.decoder_law(logits, tree, min(logits.shape[-1], f.B + n))
         sel = select(f.rule, law, tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, f.B, lam=f.lam,
                      ratio=f.ratio)
@@ -112,8 +112,7 @@ class DeviceForesight:
         for name, buf in self.cand.items():
             if name != "ancestor_mask":
                 buf.copy_(getattr(trees, name))
-        bound = trees.depth_bound if trees.depth_bound is not None else trees.tokens.shape[1] - 1
-        self.cand["ancestor_mask"].copy_(ancestor_masks(self.cand["parents"], bound))  # one batched pass, not B
+        self.cand["ancestor_mask"].copy_(trees.masks())  # one batched pass (or the builder's), not B
         for buf, value in zip(self.keys, (key_len, key_tokens, sel.tokens, sel.valid)):
             buf.copy_(value)
 

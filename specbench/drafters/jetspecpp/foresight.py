@@ -81,13 +81,14 @@ def host_context(drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree
 
 
 def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x: Tensor, positions: Tensor,
-                  mask: Tensor, model) -> Tensor:  # type: ignore[no-untyped-def]
+                  mask: Tensor, model, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:  # type: ignore[no-untyped-def]
     """B blocks x [B, Q, d] at positions [B, Q] through decoder layers whose keys are the first `shared`
     slots of a batch-1 cache (layer i = cache layer i, the same for every block) followed by each
     block's own K/V, under mask [B, Q, shared + Q], with the model's layer ops (fused on CUDA, as the
-    target's own forward). Returns the last layer's output [B, Q, d]."""
+    target's own forward; rope: `model.rope(positions)` if the caller has it). Returns the last layer's
+    output [B, Q, d]."""
     b, q = x.shape[:2]
-    cos, sin = model.rope(positions)
+    cos, sin = rope if rope is not None else model.rope(positions)
     heads, dim = cache.k.shape[2], cache.k.shape[4]
     slots = torch.arange(q, device=x.device)[None].expand(b, q)
     meta = AttentionMeta(lengths=torch.zeros(b, dtype=torch.long, device=x.device), tree_mask=mask[:, :, shared:], kv_len=q)
@@ -140,7 +141,7 @@ class OutcomeBatch:
         feats = torch.cat([states[t] for t in drafter.taps], dim=-1)  # [1, N, m*d]
         cache = drafter.cache
         assert cache is not None
-        ext = head.context_kv(feats, self.node_positions, model)
+        ext = head.context_kv(feats, self.node_positions, model, fused=True)
         self._ropes: dict[torch.dtype, tuple[Tensor, Tensor]] = {}  # every pass runs at `positions`
         s = ctx.slots
         self.head_kv = [(torch.cat([cache.k[i, :, :, :s], k], dim=2).expand(count, -1, -1, -1),
@@ -155,11 +156,14 @@ class OutcomeBatch:
         hidden = d.head.forward_fused(x, self.positions, self.head_kv, self.head_mask, model, self.rope(d.head))
         return torch.log_softmax(d.head.logits(hidden, model.lm_head.weight).float(), dim=-1)
 
-    def rope(self, net: DraftHead) -> tuple[Tensor, Tensor]:
-        """`net.rope(positions)`, computed once per dtype for every pass of the batch."""
-        if net.dtype not in self._ropes:
-            self._ropes[net.dtype] = net.rope(self.positions, self.drafter.target.model)
-        return self._ropes[net.dtype]
+    def rope(self, net: DraftHead | None = None) -> tuple[Tensor, Tensor]:
+        """cos, sin at `positions` in `net`'s dtype (None: the target's), once per dtype for every pass of
+        the batch: `DraftHead.rope` is `Transformer.rope`'s formula in the head's dtype."""
+        model = self.drafter.target.model
+        dtype = net.dtype if net is not None else model.embed.weight.dtype
+        if dtype not in self._ropes:
+            self._ropes[dtype] = net.rope(self.positions, model) if net is not None else model.rope(self.positions)
+        return self._ropes[dtype]
 
     def top_states(self, tokens: Tensor) -> Tensor:
         """The top tap's states [B, b, d] of each outcome's block `tokens` [B, b], from the drafter's
@@ -174,9 +178,9 @@ class OutcomeBatch:
             assert d.oracle is not None
             x = model.embed(tokens)
             return shared_layers(model.layers[: top + 1], d.oracle, self.context.tree_slots, x, self.positions,
-                                 self.causal_mask, model)
+                                 self.causal_mask, model, self.rope())
         tap = d.adapter.tap(top)  # type: ignore[union-attr]
-        ext = tap.context_kv(self.states[top], self.node_positions, model)
+        ext = tap.context_kv(self.states[top], self.node_positions, model, fused=True)
         committed = self.context.adapter_kv
         assert committed is not None
         kv = [(torch.cat([ck, k], dim=2).expand(count, -1, -1, -1), torch.cat([cv, v], dim=2).expand(count, -1, -1, -1))
@@ -189,7 +193,8 @@ class OutcomeBatch:
         d = self.drafter
         dec, model = self.context.decoder, d.target.model
         assert dec is not None
-        x = shared_layers(dec.layers, dec.cache, self.context.tree_slots, h_top, self.positions, self.causal_mask, model) \
+        x = shared_layers(dec.layers, dec.cache, self.context.tree_slots, h_top, self.positions, self.causal_mask, model,
+                          self.rope()) \
             if dec.layers else h_top.to(model.embed.weight.dtype)
         return model.lm_head(model.norm(x)).float()
 
