@@ -29,6 +29,9 @@ KERNELS = {"norm": 1, "qkv_rope": 1, "silu_mul": 1, "add_rmsnorm_linear": 2, "si
 as the element-wise kernel + cuBLAS (the "gemm" level fuses them into one where that is faster)."""
 
 
+ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # memory only, no kernel
+
+
 class OpCounter(TorchDispatchMode):
     """Counts aten calls, charged to the innermost `part` open (None outside every part)."""
 
@@ -36,7 +39,7 @@ class OpCounter(TorchDispatchMode):
         super().__init__()
         self.parts: list[str | None] = [None]
         self.counts: Counter[str | None] = Counter()
-        self.names: dict[str | None, Counter[str]] = {}
+        self.names: dict[str | None, Counter[str]] = {}  # kernels by op name
         self.kernels: Counter[str | None] = Counter()  # calls that are not views (or no-op casts) of an input
         self.fused = 0  # inside a layer op counted as fused kernels
 
@@ -56,9 +59,9 @@ class OpCounter(TorchDispatchMode):
         where = self.parts[-1]
         out = func(*args, **(kwargs or {}))
         self.counts[where] += 1
-        self.names.setdefault(where, Counter())[func.overloadpacket.__name__] += 1
         if not self.fused and not _aliases(func, args, out):
             self.kernels[where] += 1
+            self.names.setdefault(where, Counter())[func.overloadpacket.__name__] += 1
         return out
 
     def fused_ops(self, ops: Any) -> Any:
@@ -67,6 +70,7 @@ class OpCounter(TorchDispatchMode):
         def one(name: str, fn: Callable) -> Callable:
             def call(*a: Any, **kw: Any) -> Any:
                 self.kernels[self.parts[-1]] += KERNELS[name]
+                self.names.setdefault(self.parts[-1], Counter())[name] += KERNELS[name]
                 self.fused += 1
                 try:
                     return fn(*a, **kw)
@@ -77,8 +81,10 @@ class OpCounter(TorchDispatchMode):
 
 
 def _aliases(func, args: tuple, out: Any) -> bool:  # type: ignore[no-untyped-def]
-    """Whether the call returned a view of an input (a view op, or a cast / contiguous that was a no-op):
-    no kernel on the GPU. In-place ops write, so they count."""
+    """Whether the call launches no kernel on the GPU: a view of an input (a view op, or a cast / contiguous
+    that was a no-op) or an uninitialised allocation. In-place ops write, so they count."""
+    if func.overloadpacket.__name__ in ALLOCATIONS:
+        return True
     ret = func._schema.returns
     if not ret or ret[0].alias_info is None or ret[0].alias_info.is_write or not isinstance(out, torch.Tensor):
         return False
@@ -119,7 +125,7 @@ def main() -> None:
     p.add_argument("--R", type=int, default=1)
     p.add_argument("--B", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3, help="rounds counted (after the first, eager one)")
-    p.add_argument("--top", type=int, default=12, help="most frequent aten ops listed per part (0: none)")
+    p.add_argument("--top", type=int, default=12, help="most frequent kernels listed per part (0: none)")
     p.add_argument("--reference-ops", action="store_true",
                    help="count the layer ops' reference aten calls as kernels too (default: as the CUDA fused level)")
     args = p.parse_args()

@@ -182,7 +182,7 @@ class DraftHead(nn.Module):
         cos, sin = rope if rope is not None else self.rope(positions, target)
         attn_mask = mask[:, None]  # [B, 1, Q, C+Q]
         slots = torch.arange(q, device=x.device).expand(b, q)  # the block's own K/V: scratch [B, Hkv, Q, D]
-        meta = AttentionMeta(lengths=torch.zeros(b, dtype=torch.long, device=x.device), tree_mask=mask[:, :, -q:], kv_len=q)
+        meta = AttentionMeta(lengths=slots[:, 0], tree_mask=mask[:, :, -q:], kv_len=q)  # lengths 0 (a view): no context part
         delta = None
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
             k_new = x.new_empty(b, layer.attn.n_kv, q, layer.attn.head_dim)

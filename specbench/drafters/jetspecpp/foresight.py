@@ -91,7 +91,7 @@ def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x
     cos, sin = rope if rope is not None else model.rope(positions)
     heads, dim = cache.k.shape[2], cache.k.shape[4]
     slots = torch.arange(q, device=x.device)[None].expand(b, q)
-    meta = AttentionMeta(lengths=torch.zeros(b, dtype=torch.long, device=x.device), tree_mask=mask[:, :, shared:], kv_len=q)
+    meta = AttentionMeta(lengths=slots[:, 0], tree_mask=mask[:, :, shared:], kv_len=q)  # lengths 0 (a view of slots)
     attn_mask = mask[:, None]  # [B, 1, Q, shared + Q]
     x = x.to(model.embed.weight.dtype)
     for i, layer in enumerate(layers):
