@@ -129,8 +129,12 @@ class OutcomeBatch:
         committed = slot_mask(ctx.slots, ctx.length).expand(count, -1)  # [B, S]
         placed = slot_mask(ctx.tree_slots, ctx.length, self.ancestors)  # [B, S']
 
+        patterns: dict[str, Tensor] = {}  # within-block masks, built once per pattern
+
         def rows(context: Tensor, pattern: str) -> Tensor:  # [B, b, C + b]
-            within = block_pattern(b, pattern, dev)
+            if pattern not in patterns:
+                patterns[pattern] = block_pattern(b, pattern, dev)
+            within = patterns[pattern]
             return torch.cat([context[:, None, :].expand(count, b, -1), within[None].expand(count, b, b)], dim=2)
 
         seen = torch.cat([committed, self.ancestors], dim=1)  # [B, S + N]
