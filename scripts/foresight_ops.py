@@ -132,7 +132,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from specbench.config import SpecConfig
-    from specbench.drafters.jetspecpp import device_foresight, foresight, selection
+    from specbench.drafters.jetspecpp import device_foresight, foresight
     from specbench.drafters.jetspecpp.device_states import DeviceStates
     from specbench.drafters.jetspecpp.decoder import SliceDecoder
     from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
