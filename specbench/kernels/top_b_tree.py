@@ -13,7 +13,8 @@ more than the head pass it builds from. Here one program keeps every step on chi
 
 Inputs: lp, tokens [D, K] ranked per depth (log-probs float32, clamped at 0; K = min(B, V)), the
 anchor [1] (device), B. The candidate pairs' (place, rank) table depends only on B (`pair_table`).
-Scratch per depth lives in global memory (one program, barriers between writes and reads).
+Scratch per depth lives in global memory (one program, barriers between writes and reads). `batch`
+builds B trees in one launch, one program per tree (JetSpec++'s foresight builds 16 a round).
 """
 
 from __future__ import annotations
@@ -40,8 +41,22 @@ def _order_key(score, idx):
 @triton.jit
 def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, CandScore, BeamScore, BeamParent, BeamRank,
                        BeamCount, NodeOf, OutTok, OutPar, OutDep, OutScore,
-                       D, K, M, NODES, stride_lp, stride_tok,
+                       D, K, M, NODES, stride_lp, stride_tok, stride_lp_tree, stride_tok_tree,
                        B: tl.constexpr, M_PAD: tl.constexpr, T_PAD: tl.constexpr):
+    tree = tl.program_id(0).to(tl.int64)  # one program per tree: its table, anchor, scratch and outputs
+    LP += tree * stride_lp_tree
+    Tok += tree * stride_tok_tree
+    Anchor += tree
+    CandScore += tree * M_PAD
+    BeamScore += tree * D * B
+    BeamParent += tree * D * B
+    BeamRank += tree * D * B
+    BeamCount += tree * D
+    NodeOf += tree * D * B
+    OutTok += tree * (NODES + 1)
+    OutPar += tree * (NODES + 1)
+    OutDep += tree * (NODES + 1)
+    OutScore += tree * (NODES + 1)
     m = tl.arange(0, M_PAD)
     pair_ok = m < M
     place = tl.load(PairPlace + m, mask=pair_ok, other=0)
@@ -128,24 +143,34 @@ class TopBTree:
 
     def __call__(self, anchor: Tensor, tokens: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """anchor [1], tokens/logp [D, K] -> (tokens, parents, depth [N] int64, scores [N] float32)."""
+        if logp.dim() != 2:
+            raise ValueError(f"the table must be [D, K], got {tuple(logp.shape)} (a batch of tables: `batch`)")
+        out = self.batch(anchor.reshape(1), tokens[None], logp[None])
+        return out[0][0], out[1][0], out[2][0], out[3][0]
+
+    def batch(self, anchors: Tensor, tokens: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """B trees in one launch (one program each): anchors [B], tokens/logp [B, D, K] -> (tokens, parents,
+        depth [B, N] int64, scores [B, N] float32)."""
         require_kernel_device(logp)
-        depth, width = logp.shape
-        if width > self.width or tokens.shape != logp.shape or depth < 1:
-            raise ValueError(f"the table must be [D >= 1, <= {self.width}], got {tuple(logp.shape)} and {tuple(tokens.shape)}")
+        trees, depth, width = logp.shape
+        if width > self.width or tokens.shape != logp.shape or depth < 1 or anchors.shape != (trees,):
+            raise ValueError(f"the tables must be [B, D >= 1, <= {self.width}] with B anchors, got {tuple(logp.shape)}, "
+                             f"{tuple(tokens.shape)} and {tuple(anchors.shape)}")
         lp = logp.float().clamp(max=0.0).contiguous()
-        tok = tokens.contiguous()
+        tok, anchors = tokens.contiguous(), anchors.contiguous()
         dev, b = logp.device, self.budget
         i32 = dict(dtype=torch.int32, device=dev)
-        cand = torch.empty(self.m_pad, dtype=torch.float32, device=dev)
-        beam_score = torch.empty(depth * b, dtype=torch.float32, device=dev)
-        beam_parent, beam_rank = torch.empty(depth * b, **i32), torch.empty(depth * b, **i32)
-        beam_count, node_of = torch.empty(depth, **i32), torch.empty(depth * b, **i32)
+        cand = torch.empty(trees, self.m_pad, dtype=torch.float32, device=dev)
+        beam_score = torch.empty(trees, depth * b, dtype=torch.float32, device=dev)
+        beam_parent, beam_rank = torch.empty(trees, depth * b, **i32), torch.empty(trees, depth * b, **i32)
+        beam_count, node_of = torch.empty(trees, depth, **i32), torch.empty(trees, depth * b, **i32)
         nodes = tree_size(depth, width, b)
-        out_tok, out_par, out_dep = (torch.empty(1 + nodes, dtype=torch.long, device=dev) for _ in range(3))
-        out_score = torch.empty(1 + nodes, dtype=torch.float32, device=dev)
+        out_tok, out_par, out_dep = (torch.empty(trees, 1 + nodes, dtype=torch.long, device=dev) for _ in range(3))
+        out_score = torch.empty(trees, 1 + nodes, dtype=torch.float32, device=dev)
         t_pad = triton.next_power_of_2(max(depth * b, 2))
-        _top_b_tree_kernel[(1,)](lp, tok, anchor, self.place, self.rank, cand, beam_score, beam_parent, beam_rank,
-                                 beam_count, node_of, out_tok, out_par, out_dep, out_score,
-                                 depth, width, self.place.numel(), nodes, lp.stride(0), tok.stride(0),
-                                 B=b, M_PAD=self.m_pad, T_PAD=t_pad, num_warps=4 if t_pad <= 1024 else 8)
+        _top_b_tree_kernel[(trees,)](lp, tok, anchors, self.place, self.rank, cand, beam_score, beam_parent, beam_rank,
+                                     beam_count, node_of, out_tok, out_par, out_dep, out_score,
+                                     depth, width, self.place.numel(), nodes, lp.stride(1), tok.stride(1),
+                                     lp.stride(0), tok.stride(0),
+                                     B=b, M_PAD=self.m_pad, T_PAD=t_pad, num_warps=4 if t_pad <= 1024 else 8)
         return out_tok, out_par, out_dep, out_score

@@ -8,6 +8,7 @@ Contract (`trees.base.TreePolicy`): turn a drafter's scores into a DraftTree (no
 parents before children) with at most `budget` draft nodes, root excluded, whose `scores` never rise
 from parent to child:
   build(DepthScores(anchor, logp [D, V]), budget)        parallel drafters: one row per depth
+  build_batch(anchors [B], logp [B, D, V], budget)        B such trees at once (TreeBatch; default: a loop)
   grow(anchor, expand, budget, max_depth, device)         autoregressive drafters (trees.grow);
                                                           only policies that declare can_grow = True
   select(candidates, budget)                              drafters with their own scored candidates

@@ -295,6 +295,39 @@ class DepthScores:
         return idx, vals
 
 
+@dataclass(eq=False)
+class TreeBatch:
+    """B trees of one node count N in [B, N] arrays (tokens, parents, depth int64; scores float32 or
+    None), what `TreePolicy.build_batch` returns: a drafter that builds many trees per round (JetSpec++'s
+    foresight) keeps them in static buffers."""
+
+    tokens: Tensor
+    parents: Tensor
+    depth: Tensor
+    scores: Tensor | None = None
+    depth_bound: int | None = None
+    ancestor_mask: Tensor | None = None  # [B, N, N] when the builder knows it (chain: every tree is a path)
+
+    def masks(self) -> Tensor:
+        """[B, N, N] each tree's `DraftTree.ancestor_mask`, in one batched pass when not known."""
+        if self.ancestor_mask is not None:
+            return self.ancestor_mask
+        return ancestor_masks(self.parents, self.depth_bound if self.depth_bound is not None else self.tokens.shape[1] - 1)
+
+    @classmethod
+    def stack(cls, trees: Sequence[DraftTree]) -> "TreeBatch":
+        if len({t.num_nodes for t in trees}) != 1:
+            raise TreeError(f"a tree batch needs one node count, got {[t.num_nodes for t in trees]}")
+        scores = torch.stack([t.scores for t in trees]) if all(t.scores is not None for t in trees) else None
+        return cls(tokens=torch.stack([t.tokens for t in trees]), parents=torch.stack([t.parents for t in trees]),
+                   depth=torch.stack([t.depth for t in trees]), scores=scores, depth_bound=trees[0].depth_bound)
+
+    def tree(self, b: int) -> DraftTree:
+        """Tree b as a DraftTree (views of the batch's rows)."""
+        return DraftTree(tokens=self.tokens[b], parents=self.parents[b], depth=self.depth[b],
+                         scores=None if self.scores is None else self.scores[b], depth_bound=self.depth_bound)
+
+
 class TreePolicy(ABC):
     """Turns a drafter's scores into the tree the target verifies, under a budget.
 
@@ -322,6 +355,13 @@ class TreePolicy(ABC):
 
     @abstractmethod
     def build(self, scores: DepthScores, budget: int) -> DraftTree: ...
+
+    def build_batch(self, anchors: Tensor, logp: Tensor, budget: int) -> TreeBatch:
+        """B trees at once: anchors [B] (device tokens), logp [B, D, V] -> tree b = build(DepthScores(
+        anchors[b], logp[b])). Default: one `build` each (the reference); policies whose builds are
+        tensor ops override it with one batched pass (fewer kernels on a launch-bound GPU round)."""
+        return TreeBatch.stack([self.build(DepthScores(anchors[b: b + 1], logp[b]), budget)
+                                for b in range(logp.shape[0])])
 
     def capturable(self, device: torch.device) -> bool:
         """True when `build` (and `grow`, `select` where defined) run on `device` in tensor ops of static

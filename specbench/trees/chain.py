@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from specbench.trees import TREE_POLICIES
-from specbench.trees.base import DepthScores, DraftTree, TreeError, TreePolicy, check_budget
+from specbench.trees.base import DepthScores, DraftTree, TreeBatch, TreeError, TreePolicy, check_budget
 from specbench.trees.grow import ExpandFn, beam_grow, ranked_expand
 
 
@@ -27,6 +28,19 @@ class ChainPolicy(TreePolicy):
         tree = DraftTree.chain(scores.anchor, top.indices, device=scores.logp.device)
         tree.scores = torch.cat([top.values.new_zeros(1), torch.cumsum(top.values.clamp(max=0.0), 0)])
         return tree
+
+    def build_batch(self, anchors: Tensor, logp: Tensor, budget: int) -> TreeBatch:
+        """`build` of B score tables logp [B, D, V] (anchors [B]) in one pass: the same ops over a batch dim."""
+        b = logp.shape[0]
+        n = min(check_budget(budget), logp.shape[1]) + 1
+        top = logp[:, : n - 1].float().max(dim=-1)  # [B, n-1]; first maximal index, as build
+        dev = logp.device
+        ids = torch.arange(n, dtype=torch.long, device=dev)
+        return TreeBatch(tokens=torch.cat([anchors.reshape(b, 1).long(), top.indices], dim=1),
+                         parents=(ids - 1).expand(b, n), depth=ids.expand(b, n),
+                         scores=torch.cat([top.values.new_zeros(b, 1), torch.cumsum(top.values.clamp(max=0.0), 1)], 1),
+                         depth_bound=n - 1,
+                         ancestor_mask=torch.ones(n, n, dtype=torch.bool, device=dev).tril_().expand(b, n, n))
 
     def grow(self, anchor: int, expand: ExpandFn, budget: int, max_depth: int,
              device: torch.device | str = "cpu") -> DraftTree:

@@ -16,7 +16,7 @@ import heapq
 import torch
 
 from specbench.trees import TREE_POLICIES
-from specbench.trees.base import DepthScores, DraftTree, TreePolicy, check_budget
+from specbench.trees.base import DepthScores, DraftTree, TreeBatch, TreePolicy, check_budget
 from specbench.trees.ranking import f32_add, host_table
 
 
@@ -36,6 +36,11 @@ class DDTreePolicy(TreePolicy):
 
     def capturable(self, device: torch.device) -> bool:
         return device.type != "cpu"
+
+    def build_batch(self, anchors: torch.Tensor, logp: torch.Tensor, budget: int) -> TreeBatch:
+        if logp.device.type != "cpu":
+            return self._device_builder.build_batch(anchors, logp, budget)
+        return super().build_batch(anchors, logp, budget)
 
     def build(self, scores: DepthScores, budget: int) -> DraftTree:
         if scores.logp.device.type != "cpu":

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from specbench.trees import TREE_POLICIES
-from specbench.trees.base import Anchor, DepthScores, DraftTree, TreePolicy, anchor_tensor, check_budget
-from specbench.trees.ranking import top_indices
+from specbench.trees.base import Anchor, DepthScores, DraftTree, TreeBatch, TreePolicy, anchor_tensor, check_budget
+from specbench.trees.ranking import ranked_topk, top_indices
 
 
 def candidate_pairs(parents: int, width: int, budget: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -78,6 +78,49 @@ def build_top_b(anchor: Anchor, tokens: Tensor, logp: Tensor, budget: int) -> Dr
     )
 
 
+def build_top_b_batch(anchors: Tensor, tokens: Tensor, logp: Tensor, budget: int) -> TreeBatch:
+    """`build_top_b` of B ranked tables at once: anchors [B], tokens, logp [B, D, K] -> tree b =
+    build_top_b(anchors[b], tokens[b], logp[b], budget), node for node (the same float32 additions and
+    stable sorts, per row of a leading batch dim; every shape depends on (D, K, budget) only)."""
+    device = logp.device
+    b, depth, width = logp.shape
+    lp = logp.float().clamp(max=0.0)
+    beam_scores = torch.zeros(b, 1, device=device)  # [B, P]: the root
+    pairs: dict[int, tuple[Tensor, Tensor]] = {}
+    level_scores, level_parent, level_rank = [], [], []
+    for d in range(depth):
+        beam = beam_scores.shape[1]
+        if beam not in pairs:
+            pairs[beam] = candidate_pairs(beam, width, budget, device)
+        place, rank = pairs[beam]
+        cand = beam_scores[:, place] + lp[:, d, rank]  # [B, M] float32
+        keep = top_indices(cand, budget)  # [B, P']
+        beam_scores = cand.gather(1, keep)
+        level_scores.append(beam_scores)
+        level_parent.append(place[keep])
+        level_rank.append(rank[keep])
+    sizes = [s.shape[1] for s in level_scores]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
+    all_scores = torch.cat(level_scores, dim=1)  # [B, T]
+    parent_index = torch.cat([level_parent[0].new_full((b, sizes[0]), -1)]
+                             + [level_parent[d] + offsets[d - 1] for d in range(1, depth)], dim=1)
+    level = torch.cat([torch.full((n,), d + 1, dtype=torch.long, device=device) for d, n in enumerate(sizes)])
+    chosen = top_indices(all_scores, budget)  # [B, N-1]
+    m = chosen.shape[1]
+    node_of = torch.zeros(b, all_scores.shape[1], dtype=torch.long, device=device)
+    node_of.scatter_(1, chosen, torch.arange(1, m + 1, device=device).expand(b, m))
+    chosen_parent = parent_index.gather(1, chosen)
+    parents = torch.where(chosen_parent >= 0, node_of.gather(1, chosen_parent.clamp(min=0)), 0)
+    chosen_level = level[chosen]  # [B, N-1]
+    flat = (chosen_level - 1) * width + torch.cat(level_rank, dim=1).gather(1, chosen)
+    root = anchors.reshape(b, 1).to(device=device, dtype=torch.long)
+    return TreeBatch(tokens=torch.cat([root, tokens.reshape(b, -1).gather(1, flat)], dim=1),
+                     parents=torch.cat([root.new_full((b, 1), -1), parents], dim=1),
+                     depth=torch.cat([root.new_zeros(b, 1), chosen_level], dim=1),
+                     scores=torch.cat([all_scores.new_zeros(b, 1), all_scores.gather(1, chosen)], dim=1),
+                     depth_bound=depth)
+
+
 @TREE_POLICIES.register("ddtree-vec")
 class DDTreeVecPolicy(TreePolicy):
     """`ddtree`'s exact tree from tensor ops on the scores' device (GPU-friendly, sync-free). On CUDA
@@ -104,12 +147,31 @@ class DDTreeVecPolicy(TreePolicy):
             return self._kernel_build(scores.anchor, tokens, logp, budget)
         return build_top_b(scores.anchor, tokens, logp, budget)
 
-    def _kernel_build(self, anchor: Anchor, tokens: Tensor, logp: Tensor, budget: int) -> DraftTree:
+    def build_batch(self, anchors: Tensor, logp: Tensor, budget: int) -> TreeBatch:
+        """`build` of B tables logp [B, D, V] (anchors [B]): one ranked top-k over every row, then
+        `build_top_b_batch` (on CUDA one launch of the Triton builder, a program per tree)."""
+        budget = check_budget(budget)
+        b, depth, vocab = logp.shape
+        depth = min(depth, budget)
+        if depth == 0:
+            return super().build_batch(anchors, logp, budget)
+        k = min(budget, vocab)
+        values, ids = ranked_topk(logp[:, :depth].reshape(b * depth, vocab), k)  # DepthScores.topk, every row
+        tokens, lp = ids.reshape(b, depth, k), values.reshape(b, depth, k)
+        if lp.is_cuda:
+            tok, par, dep, score = self._kernel(budget, k, lp.device).batch(anchors.reshape(b).long(), tokens, lp)
+            return TreeBatch(tokens=tok, parents=par, depth=dep, scores=score, depth_bound=depth)
+        return build_top_b_batch(anchors, tokens, lp, budget)
+
+    def _kernel(self, budget: int, width: int, device: torch.device):  # type: ignore[no-untyped-def]
         from specbench.kernels.top_b_tree import TopBTree
 
-        key = (budget, logp.shape[1], logp.device)
+        key = (budget, width, device)
         if key not in self._kernels:
-            self._kernels[key] = TopBTree(budget, logp.shape[1], logp.device)
-        kernel = self._kernels[key]
-        tok, par, dep, score = kernel(anchor_tensor(anchor, logp.device), tokens, logp)  # type: ignore[operator]
+            self._kernels[key] = TopBTree(budget, width, device)
+        return self._kernels[key]
+
+    def _kernel_build(self, anchor: Anchor, tokens: Tensor, logp: Tensor, budget: int) -> DraftTree:
+        kernel = self._kernel(budget, logp.shape[1], logp.device)
+        tok, par, dep, score = kernel(anchor_tensor(anchor, logp.device), tokens, logp)
         return DraftTree(tokens=tok, parents=par, depth=dep, scores=score, depth_bound=logp.shape[0])

@@ -40,9 +40,9 @@ def index_of_keys(keys: Tensor) -> Tensor:
 
 
 def top_indices(values: Tensor, k: int) -> Tensor:
-    """Positions [k] of the k best entries of values [M] in order: value descending, position ascending
-    (a stable sort: one op on any device, no host synchronisation)."""
-    return torch.sort(values, descending=True, stable=True).indices[:k]
+    """Positions [..., k] of the k best entries of values [..., M] (each row) in order: value descending,
+    position ascending (a stable sort: one op on any device, no host synchronisation)."""
+    return torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
 
 
 def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:

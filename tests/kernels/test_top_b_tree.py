@@ -13,9 +13,13 @@ from specbench.trees.base import DepthScores  # noqa: E402
 from specbench.trees.ddtree_vec import build_top_b  # noqa: E402
 
 
-def _case(depth: int, vocab: int, budget: int, seed: int, ties: bool, device: str):
+def _raw(depth: int, vocab: int, seed: int, ties: bool) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 3, (depth, vocab), generator=g).float() if ties else 3 * torch.randn(depth, vocab, generator=g)
+    return torch.randint(0, 3, (depth, vocab), generator=g).float() if ties else 3 * torch.randn(depth, vocab, generator=g)
+
+
+def _case(depth: int, vocab: int, budget: int, seed: int, ties: bool, device: str):
+    raw = _raw(depth, vocab, seed, ties)
     tok, lp = DepthScores(5, torch.log_softmax(raw, -1)).topk(min(budget, vocab))
     ref = build_top_b(5, tok, lp, budget)
     got = TopBTree(budget, min(budget, vocab), torch.device(device))(torch.tensor([5], device=device), tok.to(device),
@@ -40,3 +44,36 @@ def test_kernel_equals_build_top_b_full_size(cuda, depth, vocab, budget) -> None
     got, ref = _case(depth, vocab, budget, 0, False, cuda)
     for a, b in zip(got[:3], (ref.tokens, ref.parents, ref.depth)):
         assert torch.equal(a.cpu(), b.cpu())
+
+
+@pytest.mark.parametrize("depth, vocab, budget, ties", [(3, 5, 4, False), (6, 50, 12, False), (4, 3, 10, True),
+                                                        (5, 20, 9, True)])
+def test_batched_launch_equals_one_build_per_tree(device, depth, vocab, budget, ties) -> None:
+    """`TopBTree.batch` (one program per tree) returns each tree as `build_top_b` does."""
+    cases = [_case(depth, vocab, budget, seed, ties, "cpu")[1] for seed in range(4)]
+    tables = [DepthScores(5, torch.log_softmax(_raw(depth, vocab, seed, ties), -1)).topk(min(budget, vocab))
+              for seed in range(4)]
+    anchors = torch.tensor([5, 7, 9, 11])
+    got = TopBTree(budget, min(budget, vocab), torch.device(device)).batch(
+        anchors.to(device), torch.stack([t for t, _ in tables]).to(device), torch.stack([v for _, v in tables]).to(device))
+    for i, ref in enumerate(cases):
+        assert int(got[0][i, 0]) == int(anchors[i])
+        assert torch.equal(got[0][i, 1:].cpu(), ref.tokens[1:])
+        for a, b in zip(got[1:3], (ref.parents, ref.depth)):
+            assert torch.equal(a[i].cpu(), b)
+        assert torch.equal(got[3][i].cpu(), ref.scores.float())
+
+
+@pytest.mark.gpu
+def test_ddtree_vec_build_batch_on_cuda_equals_one_build_per_tree(cuda) -> None:
+    """The policy's batched build on CUDA (one ranked top-k, one launch) = its per-tree builds (a launch each)."""
+    from specbench.trees.ddtree_vec import DDTreeVecPolicy
+
+    policy = DDTreeVecPolicy()
+    logp = torch.log_softmax(3 * torch.randn(16, 15, 49152, generator=torch.Generator().manual_seed(1)), -1).to(cuda)
+    anchors = torch.arange(16, device=cuda)
+    batch = policy.build_batch(anchors, logp, 64)
+    for i in range(16):
+        tree = policy.build(DepthScores(anchors[i: i + 1], logp[i]), 64)
+        for name in ("tokens", "parents", "depth", "scores"):
+            assert torch.equal(getattr(batch, name)[i], getattr(tree, name)), name

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from specbench.drafters.init import init_draft_params_
 from specbench.drafters.heads.masks import ATTENTION_KINDS
 from specbench.models.config import ModelConfig
-from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, RMSNorm, Transformer, masked_sdpa
+from specbench.models.decoder import (REFERENCE_OPS, AttentionMeta, DecoderLayer, KVCache, LayerOps, RMSNorm, Transformer,
+                                     masked_sdpa)
 
 
 def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
@@ -122,15 +123,18 @@ class DraftHead(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
-    def fuse(self, features: Tensor) -> Tensor:
+    def fuse(self, features: Tensor, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """features [B, C, m*d] (the taps concatenated in config order) -> c [B, C, d]."""
-        return self.hidden_norm(self.fc(features))
+        return ops.norm(self.fc(features), self.hidden_norm.weight, self.hidden_norm.eps)[0]
 
-    def context_kv(self, features: Tensor, positions: Tensor, target: Transformer) -> list[tuple[Tensor, Tensor]]:
-        """Per layer (K, V) [B, Hkv, C, D] of the context features at `positions` [B, C]."""
-        c = self.fuse(features.to(self.dtype))
+    def context_kv(self, features: Tensor, positions: Tensor, target: Transformer,
+                   fused: bool = False) -> list[tuple[Tensor, Tensor]]:
+        """Per layer (K, V) [B, Hkv, C, D] of the context features at `positions` [B, C]. fused: inference
+        through the target's layer ops (Triton kernels on CUDA, the same ops elsewhere; no autograd)."""
+        ops = target.ops if fused else REFERENCE_OPS
+        c = self.fuse(features.to(self.dtype), ops)
         cos, sin = self.rope(positions, target)
-        return [_project_kv(layer, c, cos, sin) for layer in self.layers]
+        return [_project_kv(layer, c, cos, sin, ops) for layer in self.layers]
 
     def embed_block(self, tokens: Tensor, is_mask: Tensor, target: Transformer) -> Tensor:
         """tokens, is_mask [B, Q] -> input embeddings [B, Q, d] (MASK rows get the mask embedding)."""
@@ -155,24 +159,50 @@ class DraftHead(nn.Module):
                                 eps=attn.k_norm.eps if attn.k_norm is not None else 1e-6)
 
     def forward_cached(self, x: Tensor, positions: Tensor, cache: KVCache, meta: AttentionMeta,
-                       target: Transformer) -> Tensor:
+                       target: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Inference: block/tree inputs x [1, Q, d] at `positions` [1, Q] through the draft layers as
         decoder layers over the draft cache (context K/V at slots < meta.lengths; the inputs' own K/V
         written at slots lengths .. lengths+Q-1 as scratch, seen under meta.tree_mask), with the
-        target's attention backend and element-wise ops. Returns the final-normed hidden [1, Q, d]."""
-        cos, sin = self.rope(positions, target)
+        target's attention backend and element-wise ops. Returns the final-normed hidden [1, Q, d].
+        rope: `self.rope(positions, target)` if the caller has it."""
+        cos, sin = rope if rope is not None else self.rope(positions, target)
         slots = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)
         delta = None
         for i, layer in enumerate(self.layers):
             x, delta = layer.step(x, delta, cos, sin, cache.k[i], cache.v[i], slots, meta, target._attend, target.ops)
         return target.ops.norm(x, self.norm.weight, self.norm.eps, delta)[0]
 
+    def forward_fused(self, x: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,
+                      target: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Inference `forward` (same arguments, the final-normed hidden [B, Q, d]) through the target's
+        layer ops (`target.ops`, as `forward_cached`): the same ops in the same order as `forward` with the
+        reference ops (the CPU), one Triton kernel each where `forward` launches several on CUDA. No
+        autograd through the fused kernels: training calls `forward`."""
+        b, q = x.shape[:2]
+        cos, sin = rope if rope is not None else self.rope(positions, target)
+        attn_mask = mask[:, None]  # [B, 1, Q, C+Q]
+        slots = torch.arange(q, device=x.device).expand(b, q)  # the block's own K/V: scratch [B, Hkv, Q, D]
+        meta = AttentionMeta(lengths=slots[:, 0], tree_mask=mask[:, :, -q:], kv_len=q)  # lengths 0 (a view): no context part
+        delta = None
+        for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
+            k_new = x.new_empty(b, layer.attn.n_kv, q, layer.attn.head_dim)
+            v_new = torch.empty_like(k_new)
+
+            def attend(qh: Tensor, k: Tensor, v: Tensor, _meta: AttentionMeta, scale: float,
+                       k_ctx: Tensor = k_ctx, v_ctx: Tensor = v_ctx) -> Tensor:
+                return masked_sdpa(qh, torch.cat([k_ctx, k], dim=2), torch.cat([v_ctx, v], dim=2), attn_mask, scale)
+
+            x, delta = layer.step(x, delta, cos, sin, k_new, v_new, slots, meta, attend, target.ops)
+        return target.ops.norm(x, self.norm.weight, self.norm.eps, delta)[0]
+
     def forward(self, x: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,
-                target: Transformer, return_layers: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+                target: Transformer, return_layers: bool = False,
+                rope: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, list[Tensor]]:
         """x [B, Q, d] block input embeddings at `positions` [B, Q]; ctx_kv from `context_kv`
         ([B, Hkv, C, D] per layer); mask [B, Q, C + Q] bool. Returns the final-normed hidden
-        [B, Q, d] (and every layer's output when return_layers)."""
-        cos, sin = self.rope(positions, target)
+        [B, Q, d] (and every layer's output when return_layers). rope: `self.rope(positions, target)`
+        when the caller already has it (passes over the same positions)."""
+        cos, sin = rope if rope is not None else self.rope(positions, target)
         attn_mask = mask[:, None]  # [B, 1, Q, C+Q]
         outputs: list[Tensor] = []
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
@@ -183,22 +213,25 @@ class DraftHead(nn.Module):
         return (out, outputs) if return_layers else out
 
 
-def _projected(layer: DecoderLayer, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _projected(layer: DecoderLayer, x: Tensor, cos: Tensor, sin: Tensor,
+               ops: LayerOps = REFERENCE_OPS) -> tuple[Tensor, Tensor, Tensor]:
     """The decoder's own projection (`Attention.project`: wqkv, q/k-norm, RoPE) of x [B, N, d], its K/V
-    scattered into fresh scratch tensors (differentiable: the training pass backpropagates through them):
-    q [B, H, N, D], k, v [B, Hkv, N, D]."""
+    scattered into fresh scratch tensors (differentiable with the reference ops: the training pass
+    backpropagates through them): q [B, H, N, D], k, v [B, Hkv, N, D]."""
     attn = layer.attn
     b, n, _ = x.shape
-    k = x.new_zeros(b, attn.n_kv, n, attn.head_dim)
-    v = x.new_zeros(b, attn.n_kv, n, attn.head_dim)
+    alloc = x.new_zeros if ops is REFERENCE_OPS else x.new_empty  # every slot is written (slots 0..n-1)
+    k = alloc(b, attn.n_kv, n, attn.head_dim)
+    v = alloc(b, attn.n_kv, n, attn.head_dim)
     slots = torch.arange(n, device=x.device).expand(b, n)
-    q = attn.project(x, cos, sin, k, v, slots)
+    q = attn.project(x, cos, sin, k, v, slots, ops)
     return q, k, v
 
 
-def _project_kv(layer: DecoderLayer, c: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+def _project_kv(layer: DecoderLayer, c: Tensor, cos: Tensor, sin: Tensor,
+                ops: LayerOps = REFERENCE_OPS) -> tuple[Tensor, Tensor]:
     """The layer's own K/V (k-norm, RoPE) of context features c [B, C, d]: [B, Hkv, C, D] each."""
-    _, k, v = _projected(layer, c, cos, sin)
+    _, k, v = _projected(layer, c, cos, sin, ops)
     return k, v
 
 

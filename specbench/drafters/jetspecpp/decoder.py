@@ -40,16 +40,20 @@ class SliceDecoder:
     def reset(self) -> None:
         self.cache.reset()
 
-    def _run(self, h: Tensor, positions: Tensor, within: Tensor, kv_len: int) -> Tensor:
+    def _run(self, h: Tensor, positions: Tensor, within: Tensor, kv_len: int, meta: AttentionMeta | None = None,
+             rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """h [1, Q, d] at positions [1, Q] with within-block mask [Q, Q], reading `kv_len` cache slots ->
-        last layer's output [1, Q, d]; the rows' K/V go to slots length .. length+Q-1."""
+        last layer's output [1, Q, d]; the rows' K/V go to slots length .. length+Q-1. `meta`: an
+        attention plan of the same read over a cache of this one's length (its mask is reused); rope:
+        `model.rope(positions)` if the caller has it."""
         q = h.shape[1]
-        cos, sin = self.model.rope(positions)
+        cos, sin = rope if rope is not None else self.model.rope(positions)
         slots = self.cache.lengths[:, None] + torch.arange(q, device=h.device)  # [1, Q]
-        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=within[None], kv_len=kv_len)
+        if meta is None:
+            meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=within[None], kv_len=kv_len)
         x = h.to(self.model.embed.weight.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, self.cache.k[i], self.cache.v[i], slots, meta, sdpa_attention)
+            x = layer(x, cos, sin, self.cache.k[i], self.cache.v[i], slots, meta, sdpa_attention, self.model.ops)
         return x
 
     def _host_kv_len(self, q: int) -> int:
@@ -83,12 +87,15 @@ class SliceDecoder:
         """Forget the committed positions from `length` on (their K/V stay valid below it: causal)."""
         self.cache.truncate(length)
 
-    def read(self, h_top: Tensor, depth: Tensor, within: Tensor, kv_len: int | None = None) -> Tensor:
+    def read(self, h_top: Tensor, depth: Tensor, within: Tensor, kv_len: int | None = None,
+             meta: AttentionMeta | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Block states h_top [1, Q, d] at positions length + depth [Q], within-block mask [Q, Q] ->
         logits [Q, V] (fp32): row j is p̂ of the token after block row j. kv_len: the slots read (None:
-        length + Q, a host read; the device round passes its own)."""
+        length + Q, a host read; the device round passes its own, and may pass the read's attention plan
+        `meta` and `rope`, `model.rope` of those positions)."""
         positions = (self.cache.lengths + depth)[None]
         if kv_len is None:
             kv_len = self._host_kv_len(h_top.shape[1])
-        x = self._run(h_top, positions, within, kv_len) if self.layers else h_top.to(self.model.embed.weight.dtype)
+        x = self._run(h_top, positions, within, kv_len, meta, rope) if self.layers else \
+            h_top.to(self.model.embed.weight.dtype)
         return self.model.lm_head(self.model.norm(x))[0].float()

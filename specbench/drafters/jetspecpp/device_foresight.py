@@ -32,7 +32,7 @@ from specbench.drafters.base import DraftState
 from specbench.drafters.jetspecpp.foresight import Context, OutcomeBatch
 from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.selection import RowLaw, select
-from specbench.trees.base import DepthScores, DraftTree, TreePolicy, ancestor_masks
+from specbench.trees.base import DraftTree, TreeBatch, TreePolicy
 
 if TYPE_CHECKING:
     from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
@@ -93,8 +93,9 @@ class DeviceForesight:
         ds = d._device_states()
         n = tree.num_nodes
         slots = d._kv_len(state, n)
-        states = ds.block(tree.tokens, tree.depth, tree.ancestor_mask, d.taps, slots)  # tap -> [1, N, d]
-        logits = ds.decoder.read(states[d.top], tree.depth, tree.ancestor_mask, slots)  # [N, V]; tree K/V at length + i
+        plan = ds.plan(tree.depth, tree.ancestor_mask, slots)  # one mask and RoPE for every tap's adapter and the decoder
+        states = ds.block(tree.tokens, tree.depth, tree.ancestor_mask, d.taps, slots, plan)  # tap -> [1, N, d]
+        logits = ds.decoder.read(states[d.top], tree.depth, tree.ancestor_mask, slots, plan.meta, plan.rope)  # [N, V]
         law = self.decoder_law(logits, tree, min(logits.shape[-1], f.B + n))
         sel = select(f.rule, law, tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, f.B, lam=f.lam,
                      ratio=f.ratio)
@@ -103,16 +104,15 @@ class DeviceForesight:
                                   for c in (ds.caches[d.top],) for i in range(c.k.shape[0])],
                       decoder=ds.decoder)
         blocks, _ = OutcomeBatch(d, state, tree, states, sel.nodes, sel.tokens, ctx).refined_logp()  # [B, D, V]
-        trees = [policy.build(DepthScores(sel.tokens[b: b + 1], blocks[b]), budget) for b in range(f.B)]
+        trees = policy.build_batch(sel.tokens, blocks, budget)  # [B, N']: one batched build, not B
         key_len, key_tokens = outcome_keys(tree, sel.nodes)
         if self.served is None:
-            self._allocate(trees[0], key_tokens.shape[1])
+            self._allocate(trees, key_tokens.shape[1])
         assert self.keys is not None
         for name, buf in self.cand.items():
             if name != "ancestor_mask":
-                buf.copy_(torch.stack([getattr(t, name) for t in trees]))
-        bound = trees[0].depth_bound if trees[0].depth_bound is not None else n - 1
-        self.cand["ancestor_mask"].copy_(ancestor_masks(self.cand["parents"], bound))  # one batched pass, not B
+                buf.copy_(getattr(trees, name))
+        self.cand["ancestor_mask"].copy_(trees.masks())  # one batched pass (or the builder's), not B
         for buf, value in zip(self.keys, (key_len, key_tokens, sel.tokens, sel.valid)):
             buf.copy_(value)
 
@@ -122,15 +122,15 @@ class DeviceForesight:
         beta = self.betas[tree.depth.clamp(max=self.betas.shape[0] - 1)]  # [N]
         return RowLaw.from_logp((logits.to(torch.float64) * beta[:, None]).log_softmax(dim=-1), tree.tokens, tree.parents, k)
 
-    def _allocate(self, tree: DraftTree, width: int) -> None:
-        b, n, dev = self.foresight.B, tree.num_nodes, tree.tokens.device
-        fields = ("tokens", "parents", "depth") + (("scores",) if tree.scores is not None else ())
-        self.cand = {name: getattr(tree, name).new_zeros(b, n) for name in fields}
+    def _allocate(self, trees: TreeBatch, width: int) -> None:
+        (b, n), dev = trees.tokens.shape, trees.tokens.device
+        fields = ("tokens", "parents", "depth") + (("scores",) if trees.scores is not None else ())
+        self.cand = {name: getattr(trees, name).new_zeros(b, n) for name in fields}
         self.cand["ancestor_mask"] = torch.zeros(b, n, n, dtype=torch.bool, device=dev)
         self.keys = (torch.zeros(b, dtype=torch.long, device=dev), torch.full((b, width), -1, dtype=torch.long, device=dev),
                      torch.zeros(b, dtype=torch.long, device=dev), torch.zeros(b, dtype=torch.bool, device=dev))
         self.served = DraftTree(**{name: buf[0].clone() for name, buf in self.cand.items() if name != "ancestor_mask"},
-                                depth_bound=tree.depth_bound)
+                                depth_bound=trees.depth_bound)
         self.served.__dict__["ancestor_mask"] = self.cand["ancestor_mask"][0].clone()  # a static buffer, not derived
 
     def lookup(self, tree: DraftTree, path: Tensor, count: Tensor, bonus: Tensor) -> None:

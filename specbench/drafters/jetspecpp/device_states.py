@@ -16,6 +16,8 @@ The host round (host=true, foresight, another draft device) keeps its own queue-
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -24,6 +26,14 @@ from specbench.drafters.jetspecpp.adapter import StateAdapter
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
 from specbench.models.decoder import AttentionMeta, KVCache
 from specbench.models.target import TargetModel
+
+
+class BlockPlan(NamedTuple):
+    """One block read's shared pieces (`DeviceStates.plan`): attention meta, positions [1, Q], cos/sin."""
+
+    meta: AttentionMeta
+    positions: Tensor
+    rope: tuple[Tensor, Tensor]
 
 
 class DeviceStates:
@@ -71,9 +81,20 @@ class DeviceStates:
                        num_layers=self.top + 1, kv_len=kv_len)
             self.oracle.advance_device(count)
 
-    def block(self, tokens: Tensor, depth: Tensor, within: Tensor, taps: tuple[int, ...], kv_len: int) -> dict[int, Tensor]:
+    def plan(self, depth: Tensor, within: Tensor, kv_len: int) -> BlockPlan:
+        """What every tap's adapter and the decoder share in a read of block rows at depth [Q] (within-block
+        mask [Q, Q], `kv_len` slots): `commit` and `reset` move every cache together, so one committed
+        length serves all, one attention mask and one RoPE table (`Transformer.rope`, the formula of
+        `DraftHead.rope`)."""
+        lengths = self.decoder.cache.lengths
+        positions = (lengths + depth)[None]
+        return BlockPlan(AttentionMeta(lengths=lengths, tree_mask=within[None], kv_len=kv_len), positions,
+                         self.model.rope(positions))
+
+    def block(self, tokens: Tensor, depth: Tensor, within: Tensor, taps: tuple[int, ...], kv_len: int,
+              plan: BlockPlan | None = None) -> dict[int, Tensor]:
         """States [1, Q, d] per tap of block/tree rows `tokens` [Q] at positions committed + depth [Q],
-        within-block mask [Q, Q], reading `kv_len` slots (>= committed + Q)."""
+        within-block mask [Q, Q], reading `kv_len` slots (>= committed + Q); `plan`: the read's `plan`."""
         q = tokens.shape[0]
         if self.states != "true" and not set(taps) <= set(self.taps):
             raise ValueError(f"the device round keeps the states of taps {list(self.taps)} only, asked for {list(taps)}: "
@@ -85,18 +106,19 @@ class DeviceStates:
             out = self.model(tokens[None], (self.oracle.lengths + depth)[None], self.oracle, within[None], taps,
                              logits_rows=self._no_logits(tokens), num_layers=self.top + 1, kv_len=kv_len)
             return {t: out.hidden[t] for t in taps}
+        plan = plan if plan is not None else self.plan(depth, within, kv_len)
         out = {}
         for t in taps:
-            cache = self.caches[t]
-            meta = AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len)
-            out[t] = self.adapter.tap(t).forward_cached(tokens[None], (cache.lengths + depth)[None], cache, meta,  # type: ignore[union-attr]
-                                                        self.model)
+            tap = self.adapter.tap(t)  # type: ignore[union-attr]
+            rope = plan.rope if tap.net.dtype == plan.rope[0].dtype else None
+            out[t] = tap.forward_cached(tokens[None], plan.positions, self.caches[t], plan.meta, self.model, rope)
         return out
 
     def decoder_logits(self, tokens: Tensor, depth: Tensor, within: Tensor, kv_len: int) -> Tensor:
         """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j)."""
-        h_top = self.block(tokens, depth, within, (self.top,), kv_len)[self.top]
-        return self.decoder.read(h_top, depth, within, kv_len)
+        plan = self.plan(depth, within, kv_len)
+        h_top = self.block(tokens, depth, within, (self.top,), kv_len, plan)[self.top]
+        return self.decoder.read(h_top, depth, within, kv_len, plan.meta, plan.rope)
 
     @staticmethod
     def _no_logits(tokens: Tensor) -> Tensor:

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from specbench.drafters.base import DraftState
+from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
 from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, masked_sdpa
@@ -80,15 +81,17 @@ def host_context(drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree
 
 
 def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x: Tensor, positions: Tensor,
-                  mask: Tensor, model) -> Tensor:  # type: ignore[no-untyped-def]
+                  mask: Tensor, model, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:  # type: ignore[no-untyped-def]
     """B blocks x [B, Q, d] at positions [B, Q] through decoder layers whose keys are the first `shared`
     slots of a batch-1 cache (layer i = cache layer i, the same for every block) followed by each
-    block's own K/V, under mask [B, Q, shared + Q]. Returns the last layer's output [B, Q, d]."""
+    block's own K/V, under mask [B, Q, shared + Q], with the model's layer ops (fused on CUDA, as the
+    target's own forward; rope: `model.rope(positions)` if the caller has it). Returns the last layer's
+    output [B, Q, d]."""
     b, q = x.shape[:2]
-    cos, sin = model.rope(positions)
+    cos, sin = rope if rope is not None else model.rope(positions)
     heads, dim = cache.k.shape[2], cache.k.shape[4]
     slots = torch.arange(q, device=x.device)[None].expand(b, q)
-    meta = AttentionMeta(lengths=torch.zeros(b, dtype=torch.long, device=x.device), tree_mask=mask[:, :, shared:], kv_len=q)
+    meta = AttentionMeta(lengths=slots[:, 0], tree_mask=mask[:, :, shared:], kv_len=q)  # lengths 0 (a view of slots)
     attn_mask = mask[:, None]  # [B, 1, Q, shared + Q]
     x = x.to(model.embed.weight.dtype)
     for i, layer in enumerate(layers):
@@ -102,7 +105,7 @@ def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x
             values = torch.cat([v_old.expand(b, -1, -1, -1), v], dim=2)
             return masked_sdpa(qh, keys, values, attn_mask, scale)
 
-        x = layer(x, cos, sin, k_new, v_new, slots, meta, attend)
+        x = layer(x, cos, sin, k_new, v_new, slots, meta, attend, model.ops)
     return x
 
 
@@ -126,18 +129,24 @@ class OutcomeBatch:
         committed = slot_mask(ctx.slots, ctx.length).expand(count, -1)  # [B, S]
         placed = slot_mask(ctx.tree_slots, ctx.length, self.ancestors)  # [B, S']
 
+        patterns: dict[str, Tensor] = {}  # within-block masks, built once per pattern
+
         def rows(context: Tensor, pattern: str) -> Tensor:  # [B, b, C + b]
-            within = block_pattern(b, pattern, dev)
+            if pattern not in patterns:
+                patterns[pattern] = block_pattern(b, pattern, dev)
+            within = patterns[pattern]
             return torch.cat([context[:, None, :].expand(count, b, -1), within[None].expand(count, b, b)], dim=2)
 
-        self.head_mask = rows(torch.cat([committed, self.ancestors], dim=1), drafter.attention)  # keys: cache | tree | block
-        self.adapter_mask = rows(torch.cat([committed, self.ancestors], dim=1), "block-causal")
+        seen = torch.cat([committed, self.ancestors], dim=1)  # [B, S + N]
+        self.head_mask = rows(seen, drafter.attention)  # keys: cache | tree | block
+        self.adapter_mask = self.head_mask if drafter.attention == "block-causal" else rows(seen, "block-causal")
         self.causal_mask = rows(placed, "block-causal")  # keys: cache slots (tree nodes inside) | block
         model, head = drafter.target.model, drafter.head
         feats = torch.cat([states[t] for t in drafter.taps], dim=-1)  # [1, N, m*d]
         cache = drafter.cache
         assert cache is not None
-        ext = head.context_kv(feats, self.node_positions, model)
+        ext = head.context_kv(feats, self.node_positions, model, fused=True)
+        self._ropes: dict[torch.dtype, tuple[Tensor, Tensor]] = {}  # every pass runs at `positions`
         s = ctx.slots
         self.head_kv = [(torch.cat([cache.k[i, :, :, :s], k], dim=2).expand(count, -1, -1, -1),
                          torch.cat([cache.v[i, :, :, :s], v], dim=2).expand(count, -1, -1, -1))
@@ -148,8 +157,17 @@ class OutcomeBatch:
         d = self.drafter
         model = d.target.model
         x = d.head.embed_block(tokens, is_mask, model)
-        hidden = d.head(x, self.positions, self.head_kv, self.head_mask, model)
+        hidden = d.head.forward_fused(x, self.positions, self.head_kv, self.head_mask, model, self.rope(d.head))
         return torch.log_softmax(d.head.logits(hidden, model.lm_head.weight).float(), dim=-1)
+
+    def rope(self, net: DraftHead | None = None) -> tuple[Tensor, Tensor]:
+        """cos, sin at `positions` in `net`'s dtype (None: the target's), once per dtype for every pass of
+        the batch: `DraftHead.rope` is `Transformer.rope`'s formula in the head's dtype."""
+        model = self.drafter.target.model
+        dtype = net.dtype if net is not None else model.embed.weight.dtype
+        if dtype not in self._ropes:
+            self._ropes[dtype] = net.rope(self.positions, model) if net is not None else model.rope(self.positions)
+        return self._ropes[dtype]
 
     def top_states(self, tokens: Tensor) -> Tensor:
         """The top tap's states [B, b, d] of each outcome's block `tokens` [B, b], from the drafter's
@@ -164,14 +182,14 @@ class OutcomeBatch:
             assert d.oracle is not None
             x = model.embed(tokens)
             return shared_layers(model.layers[: top + 1], d.oracle, self.context.tree_slots, x, self.positions,
-                                 self.causal_mask, model)
+                                 self.causal_mask, model, self.rope())
         tap = d.adapter.tap(top)  # type: ignore[union-attr]
-        ext = tap.context_kv(self.states[top], self.node_positions, model)
+        ext = tap.context_kv(self.states[top], self.node_positions, model, fused=True)
         committed = self.context.adapter_kv
         assert committed is not None
         kv = [(torch.cat([ck, k], dim=2).expand(count, -1, -1, -1), torch.cat([cv, v], dim=2).expand(count, -1, -1, -1))
               for (ck, cv), (k, v) in zip(committed, ext)]
-        return tap(tokens, self.positions, kv, self.adapter_mask, model)
+        return tap(tokens, self.positions, kv, self.adapter_mask, model, rope=self.rope(tap.net), fused=True)
 
     def decoder_logits(self, h_top: Tensor) -> Tensor:
         """p̂ logits [B, b, V] (fp32) of the blocks' top-tap states [B, b, d]: the decoder slice over
@@ -179,7 +197,8 @@ class OutcomeBatch:
         d = self.drafter
         dec, model = self.context.decoder, d.target.model
         assert dec is not None
-        x = shared_layers(dec.layers, dec.cache, self.context.tree_slots, h_top, self.positions, self.causal_mask, model) \
+        x = shared_layers(dec.layers, dec.cache, self.context.tree_slots, h_top, self.positions, self.causal_mask, model,
+                          self.rope()) \
             if dec.layers else h_top.to(model.embed.weight.dtype)
         return model.lm_head(model.norm(x)).float()
 

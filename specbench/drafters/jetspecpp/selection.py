@@ -102,7 +102,7 @@ def _child_values(rows: Tensor, tokens: Tensor, parents: Tensor) -> Tensor:
     """[N]: rows[parent(v), token(v)] (0 at the root)."""
     parent = parents.clamp(min=0)
     vals = rows[parent, tokens]
-    return torch.where(parents >= 0, vals, torch.zeros_like(vals))
+    return torch.where(parents >= 0, vals, 0.0)
 
 
 def draft_rows(depth_logp: Tensor, depth: Tensor) -> Tensor:
@@ -136,11 +136,11 @@ def outcome_scores(law: RowLaw, tokens: Tensor, parents: Tensor, ancestors: Tens
     n = tokens.shape[0]
     idx = torch.arange(n, device=tokens.device)
     sibling = (parents[:, None] == parents[None, :]) & (tokens[:, None] == tokens[None, :]) & (idx[None, :] < idx[:, None])
-    step = torch.where(sibling.any(dim=1), torch.full_like(law.child_logp, -math.inf), law.child_logp)
-    step = torch.where(parents >= 0, step, torch.zeros_like(step))  # the root is always reached
-    reach = torch.where(ancestors, step[None, :], torch.zeros_like(step)[None, :]).sum(dim=1)  # [N]
+    step = torch.where(sibling.any(dim=1), -math.inf, law.child_logp)  # scalars: no fill kernels
+    step = torch.where(parents >= 0, step, 0.0)  # the root is always reached
+    reach = torch.where(ancestors, step[None, :], 0.0).sum(dim=1)  # [N]
     is_child = (parents[None, None, :] == idx[:, None, None]) & (tokens[None, None, :] == law.ids[:, :, None])
-    score = torch.where(is_child.any(dim=-1), torch.full_like(law.logp, -math.inf), reach[:, None] + law.logp)
+    score = torch.where(is_child.any(dim=-1), -math.inf, reach[:, None] + law.logp)
     return score, reach
 
 
