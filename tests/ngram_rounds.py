@@ -59,12 +59,14 @@ def accept_some(tree: DraftTree, rng: np.random.Generator, vocab: int) -> Accept
     return Acceptance(torch.tensor(row, device=tree.device))
 
 
-def check_device_rounds(device: torch.device, tree: str, trials: int, seed: int = 3) -> None:
+def check_device_rounds(device: torch.device, tree: str, trials: int, seed: int = 3) -> int:
     """Random and repetitive histories (vocabularies of 1-5 tokens, a repeated span: tied matches; 50:
     mostly no match = the root alone), n-gram ranges, match caps and budgets (smaller and larger than the
     trie), up to 8 rounds each: the device drafter on `device` drafts the host path's tree (same nodes,
-    same order, same scores), padded to 1 + budget nodes."""
+    same order, same scores), padded to 1 + budget nodes. Returns the rounds compared whose tree had a draft
+    node (a match), so a caller can see that the comparison was not of root-only trees."""
     policy = TREE_POLICIES.build(tree)
+    drafted = 0
     rng = np.random.default_rng(seed)
     for trial in range(trials):
         vocab = int(rng.integers(1, 6)) if trial % 3 else 50
@@ -87,6 +89,7 @@ def check_device_rounds(device: torch.device, tree: str, trials: int, seed: int 
             where = (trial, round_no, state.tokens)
             assert got.num_nodes == 1 + budget and got.device.type == device.type, where
             assert real_part(got) == want.host, where
+            drafted += want.num_nodes > 1
             if want.scores is not None:  # the same float64 log on the CPU; within rounding elsewhere
                 got_scores = got.scores[: want.num_nodes].cpu()
                 assert torch.equal(got_scores, want.scores) if device.type == "cpu" else \
@@ -98,3 +101,4 @@ def check_device_rounds(device: torch.device, tree: str, trials: int, seed: int 
             state.tokens += [int(got.tokens[i]) for i in path[1:count]] + [bonus]
             if len(state.tokens) > 70:
                 break
+    return drafted

@@ -14,4 +14,4 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.mark.parametrize("tree", ["chain", "ddtree", "ddtree-vec"])
 def test_cuda_drafter_drafts_the_host_tree(tree: str) -> None:
-    check_device_rounds(torch.device("cuda"), tree, trials=40)
+    assert check_device_rounds(torch.device("cuda"), tree, trials=40) > 40  # rounds that drafted a match
