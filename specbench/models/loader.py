@@ -132,10 +132,22 @@ def build_model(cfg: ModelConfig, state_dict: Mapping[str, Tensor] | None, *, dt
     model = model.to(dtype=dtype).eval().requires_grad_(False)
     # RoPE frequencies stay fp32: a bf16 copy is off by radians at position ~2000.
     model.inv_freq = _inv_freq(cfg).to(model.embed.weight.device)
-    if fused is None:  # on CUDA the environment's level, else the default one (True); elsewhere the reference ops
-        fused = (os.environ.get("SPECBENCH_FUSED_LEVEL", "").strip() or True) if on_cuda else False
+    if fused is None:  # on CUDA the environment's level (checked on every device), else the default (True)
+        env = fused_level_from_env()
+        fused = (env or True) if on_cuda else False
     model.set_fused(fused)
     return model
+
+
+def fused_level_from_env() -> str | None:
+    """$SPECBENCH_FUSED_LEVEL (None when unset or empty), refused at once if it names no level."""
+    from specbench.models.decoder import FUSED_LEVELS
+
+    level = os.environ.get("SPECBENCH_FUSED_LEVEL", "").strip() or None
+    if level is not None and level not in FUSED_LEVELS:
+        raise ValueError(f"SPECBENCH_FUSED_LEVEL={level!r} is not a fused level; set it to one of {', '.join(FUSED_LEVELS)} "
+                         "or unset it")
+    return level
 
 
 def _inv_freq(cfg: ModelConfig) -> Tensor:

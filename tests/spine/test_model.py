@@ -157,3 +157,16 @@ def test_masked_sdpa_equals_softmax_attention(static_shape: bool) -> None:
     expected = torch.softmax(scores, dim=-1) @ vr
     got = masked_sdpa(q, k, v, mask, 0.3, static_shape=static_shape)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_level_from_the_environment(monkeypatch) -> None:
+    """$SPECBENCH_FUSED_LEVEL picks the CUDA level; a value that names no level fails at once, naming the
+    variable, on every device; on the CPU the reference ops stay."""
+    from specbench.models.config import PRESETS
+    from specbench.models.loader import build_model
+
+    monkeypatch.setenv("SPECBENCH_FUSED_LEVEL", "fastest")
+    with pytest.raises(ValueError, match="SPECBENCH_FUSED_LEVEL='fastest'"):
+        build_model(PRESETS["tiny-llama"], None, dtype=torch.float32, device="cpu")
+    monkeypatch.setenv("SPECBENCH_FUSED_LEVEL", "gemm")
+    assert build_model(PRESETS["tiny-llama"], None, dtype=torch.float32, device="cpu").fused_level == "reference"
