@@ -36,52 +36,16 @@ def candidate_pairs(parents: int, width: int, budget: int, device: torch.device)
 
 
 def build_top_b(anchor: Anchor, tokens: Tensor, logp: Tensor, budget: int) -> DraftTree:
-    """The top-`budget` tree over a ranked per-depth table: tokens, logp [D, K] (ranks ascending)."""
-    device = logp.device
-    depth, width = logp.shape
-    lp = logp.float().clamp(max=0.0)
-    beam_scores = torch.zeros(1, device=device)  # [P]: the root
-    pairs: dict[int, tuple[Tensor, Tensor]] = {}  # beam size -> candidate pairs (reused across depths)
-    level_scores, level_parent, level_rank = [], [], []
-    for d in range(depth):
-        beam = beam_scores.shape[0]
-        if beam not in pairs:
-            pairs[beam] = candidate_pairs(beam, width, budget, device)
-        place, rank = pairs[beam]
-        cand = beam_scores[place] + lp[d, rank]  # [M] float32
-        keep = top_indices(cand, budget)  # [P'] in the tie rule's order
-        beam_scores = cand[keep]
-        level_scores.append(beam_scores)
-        level_parent.append(place[keep])
-        level_rank.append(rank[keep])
-    sizes = [s.shape[0] for s in level_scores]
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
-    all_scores = torch.cat(level_scores)  # [T]: beams in (depth, place) order
-    # global index of each beam entry's parent; -1 for children of the root
-    parent_index = torch.cat([level_parent[0].new_full((sizes[0],), -1)]
-                             + [level_parent[d] + offsets[d - 1] for d in range(1, depth)])
-    level = torch.cat([torch.full((n,), d + 1, dtype=torch.long, device=device) for d, n in enumerate(sizes)])
-    chosen = top_indices(all_scores, budget)  # [N-1] in pop order
-    node_of = torch.zeros(all_scores.shape[0], dtype=torch.long, device=device)
-    node_of[chosen] = torch.arange(1, chosen.shape[0] + 1, device=device)
-    chosen_parent = parent_index[chosen]
-    parents = torch.where(chosen_parent >= 0, node_of[chosen_parent.clamp(min=0)], 0)
-    chosen_level = level[chosen]
-    chosen_tokens = tokens[chosen_level - 1, torch.cat(level_rank)[chosen]]
-    root = anchor_tensor(anchor, device)  # a fill or the device anchor itself: no host copy
-    return DraftTree(
-        tokens=torch.cat([root, chosen_tokens]),
-        parents=torch.cat([root.new_full((1,), -1), parents]),
-        depth=torch.cat([root.new_zeros(1), chosen_level]),
-        scores=torch.cat([all_scores.new_zeros(1), all_scores[chosen]]),
-        depth_bound=depth,
-    )
+    """The top-`budget` tree over a ranked per-depth table: tokens, logp [D, K] (ranks ascending): a batch
+    of one of `build_top_b_batch` (the anchor a fill or the device anchor itself: no host copy)."""
+    root = anchor_tensor(anchor, logp.device)
+    return build_top_b_batch(root, tokens[None], logp[None], budget).tree(0)
 
 
 def build_top_b_batch(anchors: Tensor, tokens: Tensor, logp: Tensor, budget: int) -> TreeBatch:
-    """`build_top_b` of B ranked tables at once: anchors [B], tokens, logp [B, D, K] -> tree b =
-    build_top_b(anchors[b], tokens[b], logp[b], budget), node for node (the same float32 additions and
-    stable sorts, per row of a leading batch dim; every shape depends on (D, K, budget) only)."""
+    """The top-`budget` trees of B ranked tables at once: anchors [B], tokens, logp [B, D, K] (ranks
+    ascending) -> tree b built from table b alone (per-row float32 additions and stable sorts along the last
+    dim, so rows never mix; every shape depends on (D, K, budget) only)."""
     device = logp.device
     b, depth, width = logp.shape
     lp = logp.float().clamp(max=0.0)
