@@ -206,7 +206,7 @@ def main() -> int:
         dirs = {}
         for kind, int8, fdt in (("int8", True, torch.float32), ("bf16", False, torch.bfloat16)):
             d = work / "export" / name / kind
-            save_head(d, obj.head, obj.head_config(), target, int8=int8, float_dtype=fdt)
+            save_head(d, obj.head, obj.head_config(), target, storage="int8" if int8 else "fp32", float_dtype=fdt)
             dirs[kind] = d
         tar = tar_head(out, name, dirs)
         tail = [r for r in log_rows[-5:] if f"{name}/loss" in r]

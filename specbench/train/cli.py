@@ -46,6 +46,8 @@ def parse_token_count(text: str) -> int:
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
+    from specbench.drafters.heads.checkpoint import STORAGE
+
     p.add_argument("--drafter", required=True,
                    help="comma-separated heads to train together: objective names or LABEL=OBJECTIVE, e.g. dflash,jetspec-tree")
     p.add_argument("--target", default=None, help="target name (default smollm2-135m or $SPECBENCH_TARGET)")
@@ -92,7 +94,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="objective setting for every head (or only LABEL), e.g. block_size=16, jetspec:losses={fkl: 1}")
     h.add_argument("--grid", action="append", metavar="[LABEL:]KEY=V1,V2",
                    help="ablation: one more head per value beside each head (or only LABEL), e.g. num_layers=2,3")
-    h.add_argument("--no-int8", action="store_true", help="store exported heads in fp32 instead of int8")
+    h.add_argument("--head-storage", choices=STORAGE, default="int8",
+                   help="how exported heads store their 2-D weights: int8 per-row, int4 per group of 64 columns "
+                        "(half the bytes), or fp32")
     h.add_argument("--no-tf32", action="store_true", help="on CUDA, keep the heads' fp32 matmuls off TF32 tensor cores")
     v = p.add_argument_group("validation, snapshots, checkpoints")
     v.add_argument("--val-every", type=int, default=200, help="steps between validation losses (0 = none)")
@@ -322,7 +326,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     write_run_file(trainer, labels, out)
     trainer.train(steps=args.until_step, deadline=deadline, progress=not args.quiet)
     write_run_file(trainer, labels, out)
-    heads = trainer.export_heads(out / "heads", int8=not args.no_int8)
+    heads = trainer.export_heads(out / "heads", storage=args.head_storage)
     if not args.no_plot:
         from specbench.train.curves import plot_run
 
@@ -398,6 +402,24 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_head_convert(args: argparse.Namespace) -> int:
+    """Load a head (fingerprint-checked against its target), write it in `--storage`, print the sizes."""
+    from specbench.drafters.heads.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_head, save_state
+    from specbench.models import load_target
+
+    src, dest = Path(args.head), Path(args.dest)
+    if not (src / CONFIG_FILE).is_file():
+        raise SystemExit(f"specbench head-convert: {str(src)!r} is not a head directory (no {CONFIG_FILE})")
+    if dest.resolve() == src.resolve():
+        raise SystemExit("specbench head-convert: DEST must differ from HEAD (the source is read while DEST is written)")
+    target = load_target(args.target or json.loads((src / CONFIG_FILE).read_text())["target_name"])
+    state, config = load_head(src, target)
+    save_state(dest, state, config, target, storage=args.storage)
+    print(f"{src} ({(src / WEIGHTS_FILE).stat().st_size:,} bytes) -> {dest} "
+          f"({(dest / WEIGHTS_FILE).stat().st_size:,} bytes, {args.storage})")
+    return 0
+
+
 def register(subparsers: Any) -> None:
     from specbench.train import corpus_cli
 
@@ -421,6 +443,13 @@ def register(subparsers: Any) -> None:
     k.add_argument("--with", dest="with_", action="append", choices=["heads", "snapshots", "plots"],
                    help="also copy this folder of the run")
     k.set_defaults(func=cmd_pack)
+    c = subparsers.add_parser("head-convert", help="store a trained head in another kind (int8, int4 or fp32)")
+    c.add_argument("head", help="a head directory (head.safetensors + config.json)")
+    c.add_argument("dest", help="where the converted head goes")
+    c.add_argument("--storage", required=True, choices=("int8", "int4", "fp32"),
+                   help="the new kind; converting a quantized head quantizes its dequantized weights again")
+    c.add_argument("--target", default=None, help="target to check the head against (default: the one its config names)")
+    c.set_defaults(func=cmd_head_convert)
     corpus_cli.register(subparsers)
 
 

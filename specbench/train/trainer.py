@@ -321,19 +321,20 @@ class Trainer:
         del self.objectives[name], self.optimizers[name]
         self.taps = tuple(sorted({t for o in self.objectives.values() for t in o.taps}))
 
-    def export_heads(self, directory: str | Path, *, int8: bool) -> dict[str, Path]:
-        """Each head as <directory>/<label>/ (head.safetensors + config.json)."""
+    def export_heads(self, directory: str | Path, *, storage: str) -> dict[str, Path]:
+        """Each head as <directory>/<label>/ (head.safetensors + config.json), stored as `storage`
+        ("int8", "int4" or "fp32": checkpoint.py)."""
         out = {}
         for name, obj in self.objectives.items():
             d = Path(directory) / name
-            save_head(d, obj.head, obj.head_config(), self.target, int8=int8)
+            save_head(d, obj.head, obj.head_config(), self.target, storage=storage)
             out[name] = d
         return out
 
     def export_snapshot(self, milestone: int) -> Path:
         """The heads (int8, as they ship) at `milestone` response tokens: snapshots/tokNNN/<label>/."""
         d = self.out / SNAPSHOT_DIR / f"tok{milestone:010d}"
-        self.export_heads(d, int8=True)
+        self.export_heads(d, storage="int8")
         (d / "snapshot.json").write_text(json.dumps({"milestone": milestone, "label": tokens_label(milestone),
                                                      "tokens_seen": self.tokens_seen, "step": self.step,
                                                      "heads": sorted(self.objectives)}, indent=2))

@@ -78,9 +78,9 @@ def test_checkpoint_round_trip_int8(tmp_path) -> None:
     head = random_head(target, draft_vocab=40, seed=3)
     d2t = select_draft_vocab(torch.arange(96.0).flip(0) ** 2, 40)
     head.set_draft_vocab(d2t)
-    save_head(tmp_path / "h", head, head.head_config(), target, int8=True)
+    save_head(tmp_path / "h", head, head.head_config(), target, storage="int8")
     meta = json.loads((tmp_path / "h" / "config.json").read_text())
-    assert meta["head"]["drafter"] == "eagle3" and meta["int8"] is True
+    assert meta["head"]["drafter"] == "eagle3" and meta["storage"] == "int8"
     loaded = load_eagle3_head(tmp_path / "h", target)
     assert torch.equal(loaded.d2t, d2t), "the draft-vocabulary map must survive int8 storage exactly"
     assert loaded.feature_layers == head.feature_layers

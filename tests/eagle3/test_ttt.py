@@ -138,7 +138,7 @@ def test_shared_trainer_export_and_drafter_round_trip(tiny8, tmp_path) -> None:
     assert (response_ids <= chosen) if len(response_ids) <= 24 else (chosen <= response_ids)
     trainer.train(progress=False)
     assert trainer.step == 4
-    exported = trainer.export_heads(tmp_path / "heads", int8=True)["eagle3"]
+    exported = trainer.export_heads(tmp_path / "heads", storage="int8")["eagle3"]
     drafter = Eagle3Drafter(tiny8, checkpoint=str(exported))
     assert torch.equal(drafter.head.d2t, objective.head.d2t)
     decoder = SpecDecoder(tiny8, SpecConfig(drafter="eagle3", tree="eagle2", budget=8), max_seq_len=96, drafter=drafter)

@@ -1,5 +1,6 @@
-"""Head checkpoints: exact fp32 round trip, int8 within its rounding bound, a clear error on another
-target, and a target identity that does not depend on the dtype the target was loaded in."""
+"""Head checkpoints: exact fp32 round trip, int8 within its rounding bound, int4 codes packed losslessly
+with each group's error no worse than plain min/max rounding, conversion between kinds, a clear error on
+another target, and a target identity that does not depend on the dtype the target was loaded in."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig
-from specbench.drafters.heads.checkpoint import HeadCheckpointError, load_head, quantize_int8, save_head
+from specbench.drafters.heads.checkpoint import (INT4_GROUP, HeadCheckpointError, dequantize_int4, load_head,
+                                                 quantize_int4, quantize_int8, save_head)
 from specbench.drafters.heads.parallel import JetSpecDrafter
 from specbench.models import load_target
 
@@ -18,7 +20,7 @@ from head_helpers import random_head
 
 def test_fp32_round_trip_is_exact(tiny, tmp_path) -> None:
     head = random_head(tiny, "jetspec", seed=5)
-    save_head(tmp_path, head, head.config.to_dict(), tiny, int8=False)
+    save_head(tmp_path, head, head.config.to_dict(), tiny, storage="fp32")
     state, config = load_head(tmp_path, tiny)
     assert HeadConfig.from_dict(config) == head.config
     for name, t in head.state_dict().items():
@@ -29,7 +31,7 @@ def test_fp32_round_trip_is_exact(tiny, tmp_path) -> None:
 
 def test_int8_round_trip_within_half_a_step(tiny, tmp_path) -> None:
     head = random_head(tiny, "dflash", seed=6)
-    save_head(tmp_path, head, head.config.to_dict(), tiny, int8=True)
+    save_head(tmp_path, head, head.config.to_dict(), tiny, storage="int8")
     state, _ = load_head(tmp_path, tiny)
     for name, t in head.state_dict().items():
         if t.ndim == 2:
@@ -50,9 +52,66 @@ def test_quantize_int8_uses_per_row_scales() -> None:
     torch.testing.assert_close(q.float() * scale, w, atol=float(scale.max()) / 2, rtol=0)
 
 
+def test_int4_codes_pack_two_per_byte_and_unpack_exactly() -> None:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(5, 2 * INT4_GROUP + 10, generator=g)  # a ragged last group: padded, cut at load
+    codes, scale, low = quantize_int4(w)
+    assert codes.dtype == torch.uint8 and codes.shape == (5, 3 * INT4_GROUP // 2)
+    assert scale.dtype == low.dtype == torch.float16 and scale.shape == low.shape == (5, 3)
+    back = dequantize_int4(codes, scale, low, w.shape[1])
+    assert back.shape == w.shape
+    # every value is one of its group's 16 levels, and re-quantizing the dequantized weight is a fixed point
+    # on the full groups (the ragged one shares its group with padding zeros, which are not on its levels)
+    levels = (back[:, :INT4_GROUP] - low[:, :1].float()) / scale[:, :1].float()
+    torch.testing.assert_close(levels, levels.round(), atol=1e-3, rtol=0)
+    assert float(levels.min()) > -1e-3 and float(levels.max()) < 15 + 1e-3
+    codes2, scale2, low2 = quantize_int4(back)
+    full = 2 * INT4_GROUP
+    torch.testing.assert_close(dequantize_int4(codes2, scale2, low2, w.shape[1])[:, :full], back[:, :full],
+                               atol=1e-3, rtol=0)
+
+
+def test_int4_clipping_never_does_worse_than_min_max_rounding() -> None:
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 4 * INT4_GROUP, generator=g)
+    back = dequantize_int4(*quantize_int4(w), w.shape[1])
+    grouped = w.view(64, 4, INT4_GROUP)
+    lo, hi = grouped.amin(2, keepdim=True), grouped.amax(2, keepdim=True)
+    step = (hi - lo) / 15
+    plain = torch.round((grouped - lo) / step) * step + lo
+    err = ((back.view(64, 4, INT4_GROUP) - grouped) ** 2).sum(2)  # [rows, groups]
+    plain_err = ((plain - grouped) ** 2).sum(2)
+    assert bool((err <= plain_err * 1.01 + 1e-6).all())  # never worse (fp16 scales round a little)
+    assert float(err.sum()) < 0.97 * float(plain_err.sum())  # and a clipped range wins on Gaussian groups
+    assert float((back - w).abs().max()) > float(step.max()) / 2  # ... at the extremes' cost
+
+
+def test_int4_head_round_trip_and_conversion(tiny, tmp_path) -> None:
+    from specbench.drafters.heads.checkpoint import save_state
+
+    head = random_head(tiny, "jetspec", seed=7)
+    save_head(tmp_path / "i8", head, head.config.to_dict(), tiny, storage="int8")
+    save_head(tmp_path / "i4", head, head.config.to_dict(), tiny, storage="int4")
+    state4, config = load_head(tmp_path / "i4", tiny)
+    assert json.loads((tmp_path / "i4" / "config.json").read_text())["storage"] == "int4"
+    for name, t in head.state_dict().items():
+        if t.ndim == 2:
+            rel = float((state4[name] - t).norm() / t.norm())
+            assert 0 < rel < 0.15, (name, rel)
+        else:
+            assert torch.equal(state4[name], t), name
+    JetSpecDrafter(tiny, checkpoint=str(tmp_path / "i4"))  # loads into the drafter
+    state8, _ = load_head(tmp_path / "i8", tiny)
+    save_state(tmp_path / "i8to4", state8, config, tiny, storage="int4")
+    size = {k: (tmp_path / k / "head.safetensors").stat().st_size for k in ("i8", "i4", "i8to4")}
+    assert size["i4"] < 0.65 * size["i8"] and size["i8to4"] == size["i4"]
+    with pytest.raises(ValueError, match="--head-storage"):
+        save_head(tmp_path / "bad", head, head.config.to_dict(), tiny, storage="int2")
+
+
 def test_head_for_another_target_is_refused(tiny, tmp_path) -> None:
     head = random_head(tiny, "dflash")
-    save_head(tmp_path, head, head.config.to_dict(), tiny, int8=True)
+    save_head(tmp_path, head, head.config.to_dict(), tiny, storage="int8")
     other = load_target("random:tiny-llama@1")
     with pytest.raises(HeadCheckpointError, match="trained for target"):
         load_head(tmp_path, other)
@@ -62,7 +121,7 @@ def test_not_a_checkpoint_is_refused(tiny, tmp_path) -> None:
     with pytest.raises(HeadCheckpointError, match="not a head checkpoint"):
         load_head(tmp_path, tiny)
     head = random_head(tiny, "dflash")
-    save_head(tmp_path, head, head.config.to_dict(), tiny, int8=False)
+    save_head(tmp_path, head, head.config.to_dict(), tiny, storage="fp32")
     meta = json.loads((tmp_path / "config.json").read_text())
     meta["format_version"] = 99
     (tmp_path / "config.json").write_text(json.dumps(meta))
@@ -81,6 +140,6 @@ def test_head_loads_in_the_target_dtype(tmp_path) -> None:
     t32 = load_target("random:tiny-llama", dtype="float32")
     t16 = load_target("random:tiny-llama", dtype="bfloat16")
     head = random_head(t32, "jetspec")
-    save_head(tmp_path, head, head.config.to_dict(), t32, int8=True)
+    save_head(tmp_path, head, head.config.to_dict(), t32, storage="int8")
     state, _ = load_head(tmp_path, t16)
     assert all(v.dtype == torch.bfloat16 for v in state.values())

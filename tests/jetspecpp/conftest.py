@@ -47,5 +47,5 @@ def trained_jpp(tiny, tiny_sequences, tmp_path_factory):
                       work)
     torch.manual_seed(0)
     trainer.train(progress=False, checkpoint=False)
-    heads = trainer.export_heads(work / "heads", int8=False)
+    heads = trainer.export_heads(work / "heads", storage="fp32")
     return obj, heads["jetspec++"]

@@ -94,7 +94,7 @@ def test_checkpoints_load_and_plain_jetspec_heads_refine(tiny, trained_jpp) -> N
     plain_dir = directory.parent / "plain-jetspec"
     cfg = plain.config.to_dict()
     cfg["drafter"] = "jetspec"
-    save_head(plain_dir, plain, cfg, tiny, int8=False)
+    save_head(plain_dir, plain, cfg, tiny, storage="fp32")
     d = JetSpecPPDrafter(tiny, checkpoint=str(plain_dir), J=3, R=0)
     assert d.adapter is None
     decoder = SpecDecoder(tiny, SpecConfig(drafter="jetspec++", tree="chain", budget=4), max_seq_len=96, drafter=d)

@@ -106,3 +106,19 @@ def test_a_setting_a_head_does_not_take_names_the_flag(tmp_path) -> None:
     assert res.returncode == 2, res.stderr[-2000:]
     assert "--head-arg" in res.stderr and "block_size" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_head_convert_writes_int4_that_loads(tmp_path, capsys) -> None:
+    """`specbench head-convert`: an exported int8 head stored again as int4 (about half the bytes) loads into
+    its drafter; converting onto the source itself is refused."""
+    from specbench.drafters.heads.parallel import DFlashDrafter
+    from specbench.models import load_target
+
+    assert main(ARGS + ["--out", str(tmp_path / "run"), "--steps", "1"]) == 0
+    src, dest = tmp_path / "run" / "heads" / "dflash", tmp_path / "int4"
+    assert main(["head-convert", str(src), str(dest), "--storage", "int4"]) == 0
+    assert "int4" in capsys.readouterr().out
+    assert (dest / "head.safetensors").stat().st_size < 0.7 * (src / "head.safetensors").stat().st_size
+    DFlashDrafter(load_target("random:tiny-llama"), checkpoint=str(dest))
+    with pytest.raises(SystemExit, match="DEST must differ"):
+        main(["head-convert", str(src), str(src), "--storage", "int4"])

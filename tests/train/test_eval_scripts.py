@@ -24,7 +24,7 @@ def fake_run(root: Path, target) -> Path:
         cfg = HeadConfig(drafter="jetspec", taps=default_taps(target.config.num_layers, 2), block_size=5,
                          attention="block-causal")
         head = DraftHead(target.config, cfg).init_weights(target.model, seed=i)
-        save_head(d / "jetspec", head, cfg.to_dict(), target, int8=True)
+        save_head(d / "jetspec", head, cfg.to_dict(), target, storage="int8")
         (d / "snapshot.json").write_text(json.dumps({"milestone": tokens, "label": label, "tokens_seen": tokens + 7,
                                                      "step": i, "heads": ["jetspec"]}))
     return run
