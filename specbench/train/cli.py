@@ -404,19 +404,32 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 def cmd_head_convert(args: argparse.Namespace) -> int:
     """Load a head (fingerprint-checked against its target), write it in `--storage`, print the sizes."""
-    from specbench.drafters.heads.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_head, save_state
+    from specbench.drafters.heads.checkpoint import CONFIG_FILE
     from specbench.models import load_target
+    from specbench.train.head_quant import convert_head
+    from specbench.train.regen import training_prompt_ids
 
     src, dest = Path(args.head), Path(args.dest)
     if not (src / CONFIG_FILE).is_file():
         raise SystemExit(f"specbench head-convert: {str(src)!r} is not a head directory (no {CONFIG_FILE})")
     if dest.resolve() == src.resolve():
         raise SystemExit("specbench head-convert: DEST must differ from HEAD (the source is read while DEST is written)")
+    if args.calibrate is not None and args.storage != "int4":
+        raise SystemExit(f"specbench head-convert: --calibrate rounds int4 codes; --storage is {args.storage!r}")
     target = load_target(args.target or json.loads((src / CONFIG_FILE).read_text())["target_name"])
-    state, config = load_head(src, target)
-    save_state(dest, state, config, target, storage=args.storage)
-    print(f"{src} ({(src / WEIGHTS_FILE).stat().st_size:,} bytes) -> {dest} "
-          f"({(dest / WEIGHTS_FILE).stat().st_size:,} bytes, {args.storage})")
+    prompts: list[list[int]] = []
+    if args.calibrate is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        prompts = training_prompt_ids(target, args.calibrate, DEFAULT_SETS.split(","), max_prompt_len=384,
+                                      limit=args.calibration_prompts, seed=args.seed)
+    tree, _, budget = (args.calibration_tree or "").partition(":")
+    done = convert_head(src, dest, target, args.storage, prompts=prompts, tree=tree or None,
+                        budget=int(budget or 64), max_new_tokens=args.max_new_tokens)
+    print(f"{src} ({done.src_bytes:,} bytes) -> {dest} ({done.dest_bytes:,} bytes, {args.storage})")
+    if done.errors:
+        print(done.summary())
     return 0
 
 
@@ -449,6 +462,14 @@ def register(subparsers: Any) -> None:
     c.add_argument("--storage", required=True, choices=("int8", "int4", "fp32"),
                    help="the new kind; converting a quantized head quantizes its dequantized weights again")
     c.add_argument("--target", default=None, help="target to check the head against (default: the one its config names)")
+    c.add_argument("--calibrate", default=None, metavar="DATA_DIR",
+                   help="int4: round by GPTQ on the head's inputs while it drafts training prompts from DATA_DIR")
+    c.add_argument("--calibration-prompts", type=int, default=16, help="training prompts drafted for --calibrate")
+    c.add_argument("--calibration-tree", default=None, metavar="POLICY:BUDGET",
+                   help="tree the calibration drafts with (default ddtree:64, or the drafter's first policy)")
+    c.add_argument("--max-new-tokens", type=int, default=128, help="length of each calibration continuation")
+    c.add_argument("--threads", type=int, default=1, help="torch CPU threads for calibration")
+    c.add_argument("--seed", type=int, default=0, help="which training prompts (a shuffle seed)")
     c.set_defaults(func=cmd_head_convert)
     corpus_cli.register(subparsers)
 

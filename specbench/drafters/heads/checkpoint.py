@@ -58,6 +58,26 @@ def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
 CLIPPING = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)  # fractions of a group's [low, high] range searched for int4
 
 
+def int4_group_params(groups: Tensor) -> tuple[Tensor, Tensor]:
+    """groups [out, G, g] -> (scale, low) [out, G, 1] of the clipping (of `CLIPPING`) with the least
+    squared rounding error per group; both rounded to fp16, as stored."""
+    lo, hi = groups.amin(dim=2, keepdim=True), groups.amax(dim=2, keepdim=True)  # [out, G, 1]
+    mid = (lo + hi) / 2
+    best_err = best_scale = best_low = None
+    for frac in CLIPPING:
+        low = (mid - (mid - lo) * frac).half().float()
+        scale = ((hi - lo) * frac / 15).clamp_min(1e-8).half().float()
+        q = torch.round((groups - low) / scale).clamp_(0, 15)
+        err = ((q * scale + low - groups) ** 2).sum(dim=2, keepdim=True)  # [out, G, 1]
+        if best_err is None:
+            best_err, best_scale, best_low = err, scale, low
+        else:
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_scale, best_low = torch.where(better, scale, best_scale), torch.where(better, low, best_low)
+    return best_scale, best_low
+
+
 def quantize_int4(weight: Tensor, group: int = INT4_GROUP) -> tuple[Tensor, Tensor, Tensor]:
     """weight [out, in] -> (codes uint8 [out, P/2] two per byte, scale fp16 [out, P/g], low fp16 [out, P/g]),
     P = in rounded up to a multiple of `group` (the padding is zeros, cut off at load)."""
@@ -65,23 +85,10 @@ def quantize_int4(weight: Tensor, group: int = INT4_GROUP) -> tuple[Tensor, Tens
     rows, cols = w.shape
     padded = -(-cols // group) * group
     g = torch.nn.functional.pad(w, (0, padded - cols)).view(rows, padded // group, group)  # [out, G, g]
-    lo, hi = g.amin(dim=2, keepdim=True), g.amax(dim=2, keepdim=True)  # [out, G, 1]
-    mid = (lo + hi) / 2
-    best_err = best_scale = best_low = None
-    for frac in CLIPPING:
-        low = (mid - (mid - lo) * frac).half().float()
-        scale = ((hi - lo) * frac / 15).clamp_min(1e-8).half().float()
-        q = torch.round((g - low) / scale).clamp_(0, 15)
-        err = ((q * scale + low - g) ** 2).sum(dim=2, keepdim=True)  # [out, G, 1]
-        if best_err is None:
-            best_err, best_scale, best_low = err, scale, low
-        else:
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best_scale, best_low = torch.where(better, scale, best_scale), torch.where(better, low, best_low)
-    q = torch.round((g - best_low) / best_scale).clamp_(0, 15).to(torch.uint8).view(rows, padded)  # [out, P]
+    scale, low = int4_group_params(g)
+    q = torch.round((g - low) / scale).clamp_(0, 15).to(torch.uint8).view(rows, padded)  # [out, P]
     codes = q[:, 0::2] | (q[:, 1::2] << 4)  # [out, P/2]
-    return codes.contiguous(), best_scale.squeeze(2).half(), best_low.squeeze(2).half()
+    return codes.contiguous(), scale.squeeze(2).half(), low.squeeze(2).half()
 
 
 def dequantize_int4(codes: Tensor, scale: Tensor, low: Tensor, cols: int) -> Tensor:
@@ -100,8 +107,11 @@ def save_head(directory: str | Path, head: nn.Module, config: dict[str, Any], ta
 
 
 def save_state(directory: str | Path, state: dict[str, Tensor], config: dict[str, Any], target: TargetModel, *,
-               storage: str = "int8", float_dtype: torch.dtype = torch.float32) -> None:
-    """`save_head` of a state dict (e.g. one `load_head` returned, to store a head in another kind)."""
+               storage: str = "int8", float_dtype: torch.dtype = torch.float32,
+               int4_codes: dict[str, tuple[Tensor, Tensor, Tensor]] | None = None) -> None:
+    """`save_head` of a state dict (e.g. one `load_head` returned, to store a head in another kind).
+    int4_codes: weights already in `quantize_int4`'s format (e.g. rounded by `gptq.gptq_int4`), stored as
+    given; the other 2-D weights round plainly."""
     from safetensors.torch import save_file
 
     if storage not in STORAGE:
@@ -115,7 +125,8 @@ def save_state(directory: str | Path, state: dict[str, Tensor], config: dict[str
             tensors[name], tensors[name + SCALE_SUFFIX] = quantize_int8(t)
         elif storage == "int4" and t.ndim == 2 and t.is_floating_point():
             scale_name, low_name, cols_name = (name + s for s in INT4_SUFFIXES)
-            tensors[name], tensors[scale_name], tensors[low_name] = quantize_int4(t)
+            given = (int4_codes or {}).get(name)
+            tensors[name], tensors[scale_name], tensors[low_name] = given if given is not None else quantize_int4(t)
             tensors[cols_name] = torch.tensor([t.shape[1]], dtype=torch.int64)
         else:
             tensors[name] = t.to(float_dtype).contiguous() if t.is_floating_point() else t.contiguous()
