@@ -35,11 +35,6 @@ def order_keys(values: Tensor, index: Tensor) -> Tensor:
     return (ordered.long() << 32) | (_LOW32 - index)
 
 
-def index_of_keys(keys: Tensor) -> Tensor:
-    """The index packed into `order_keys` keys."""
-    return _LOW32 - (keys & _LOW32)
-
-
 def top_indices(values: Tensor, k: int) -> Tensor:
     """Positions [..., k] of the k best entries of values [..., M] (each row) in order: value descending,
     position ascending (a stable sort: one op on any device, no host synchronisation)."""
@@ -77,7 +72,7 @@ def ranked_topk_sorted(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 def ranked_topk_keys(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """`ranked_topk` through packed keys: sync-free, used off the CPU."""
     keys = order_keys(x, torch.arange(x.shape[-1], device=x.device))
-    idx = index_of_keys(torch.topk(keys, k, dim=-1, sorted=True).values)
+    idx = torch.topk(keys, k, dim=-1, sorted=True).indices  # the keys are unique: their order is the ranking
     return x.gather(-1, idx), idx
 
 
