@@ -124,16 +124,17 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         yield
 
 
-def count_config(config: str, preset: str, rounds: int, level: str, draft_vocab: int) -> dict[str, Any]:
+def count_config(config: str, preset: str, rounds: int, level: str, draft_vocab: int,
+                 dtype: str = "bfloat16") -> dict[str, Any]:
     """Mean per round over `rounds` rounds (after the first) of one drafter/tree/budget ("AR": no drafter):
-    {stage: (aten calls, kernels)}, the head parts, the top kernels per stage."""
+    {stage: (aten calls, kernels)}, the head parts, the kernels per stage by op (most frequent first)."""
     from specbench.config import SpecConfig
     from specbench.drafters.eagle3.drafter import Eagle3Drafter
     from specbench.drafters.heads.drafter import HeadDrafter
     from specbench.engine import SpecDecoder
     from specbench.models import load_target
 
-    target = load_target(f"random:{preset}", device="cpu", dtype="float32")
+    target = load_target(f"random:{preset}", device="cpu", dtype=dtype)
     if config == "AR":
         name, tree, budget = None, "chain", 1  # the budget is unused without a drafter
     else:
@@ -167,7 +168,7 @@ def count_config(config: str, preset: str, rounds: int, level: str, draft_vocab:
     stages = {s: v for s, v in stages.items() if v}
     heads = {k.split("/")[0]: v for k, v in mean.items() if k.endswith("/head")}
     return {"config": config, "rounds": len(counted), "stages": stages, "head": heads, "parts": mean,
-            "top": {s: [(op, round(c, 1)) for (st, op), c in names.most_common() if st == s][:8] for s in stages}}
+            "kernels": {s: {op: c for (st, op), c in names.most_common() if st == s} for s in stages}}
 
 
 def main() -> None:
@@ -179,12 +180,16 @@ def main() -> None:
                    help="the CUDA layer-op level counted (the 'gemm' level fuses add+norm and SiLU*up into the "
                         "product after them where timed faster: up to 2 fewer kernels a layer)")
     p.add_argument("--draft-vocab", type=int, default=4096, help="eagle3's draft vocabulary (the shipped head's)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                   help="the weights' dtype (the GPU runs bf16: its casts are kernels that fp32 skips)")
     p.add_argument("--top", action="store_true", help="list each stage's most frequent kernels")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     torch.set_num_threads(1)
-    results = [count_config(c, args.preset, args.rounds, args.level, args.draft_vocab) for c in args.configs.split(",")]
-    print(f"{args.preset}, layer ops at the {args.level} level: per round, aten calls (CPU) / kernels (CUDA path)")
+    results = [count_config(c, args.preset, args.rounds, args.level, args.draft_vocab, args.dtype)
+               for c in args.configs.split(",")]
+    print(f"{args.preset} {args.dtype}, layer ops at the {args.level} level: per round, aten calls (CPU) / kernels "
+          "(CUDA path)")
     print("| config | " + " | ".join(STAGES) + " | round | non-forward share |")
     print("|---|" + "---:|" * (len(STAGES) + 2))
     for r in results:
@@ -200,8 +205,8 @@ def main() -> None:
           "the verify forward)")
     if args.top:
         for r in results:
-            for s, ops in r["top"].items():
-                print(f"  {r['config']} [{s}] " + ", ".join(f"{op} {c:g}" for op, c in ops))
+            for s, ops in r["kernels"].items():
+                print(f"  {r['config']} [{s}] " + ", ".join(f"{op} {c:g}" for op, c in list(ops.items())[:10]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
