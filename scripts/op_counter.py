@@ -6,7 +6,7 @@ A kernel is an aten call that is not a view of an input, a no-op cast or an unin
 (`_aliases`), or one Triton launch. Where the CPU and CUDA code paths differ, `shadow` runs the CPU
 path for the values (not counted) and the CUDA path for the count, under the Triton interpreter with
 every launch stubbed: counted as one kernel and not executed (interpreting a whole forward would take
-minutes), its results discarded.
+minutes); the values go on in the CUDA path's output tensors (its strides).
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ class OpCounter(TorchDispatchMode):
         return type(ops)(**{f.name: one(f.name, getattr(ops, f.name)) for f in dataclasses.fields(ops)})
 
     def shadow(self, cpu: Callable, cuda: Callable) -> Callable:
-        """A function returning `cpu`'s result (not counted) and counting what `cuda` (same arguments)
-        launches: its aten calls and one kernel per Triton launch (`stubbed_launches`, not run). Called
+        """A function returning `cpu`'s values (not counted; in `cuda`'s output tensors where their strides
+        differ) and counting what `cuda` (same arguments) launches: its aten calls and one kernel per Triton
+        launch (`stubbed_launches`, not run). Called
         inside the CUDA path of another shadow, only `cuda` runs; inside a CPU path, only `cpu`."""
         def call(*a: Any, **kw: Any) -> Any:
             if self.cuda_path:
@@ -102,11 +103,25 @@ class OpCounter(TorchDispatchMode):
                 return out
             self.cuda_path += 1
             try:
-                cuda(*a, **kw)
+                laid_out = cuda(*a, **kw)
             finally:
                 self.cuda_path -= 1
-            return out
+            return self._in_layout(out, laid_out)
         return call
+
+    def _in_layout(self, out: Any, laid_out: Any) -> Any:
+        """The CPU path's values in the CUDA path's output tensors (filled here, not counted), so the ops
+        after a shadow see the CUDA path's strides (a transposed attention output reshapes as a view)."""
+        if isinstance(out, tuple) and isinstance(laid_out, tuple) and len(out) == len(laid_out):
+            return tuple(self._in_layout(o, c) for o, c in zip(out, laid_out))
+        if not (isinstance(out, torch.Tensor) and isinstance(laid_out, torch.Tensor)) or out.shape != laid_out.shape \
+                or out.dtype != laid_out.dtype or out.stride() == laid_out.stride():
+            return out
+        self.silent += 1
+        try:
+            return laid_out.copy_(out)
+        finally:
+            self.silent -= 1
 
     @contextlib.contextmanager
     def stubbed_launches(self) -> Iterator[None]:

@@ -15,7 +15,10 @@ cuBLAS), the target's attention (`triton_tree_attention`) and eagle3's draft-row
 acceptance (`tree_accept`) and the K/V commit (`kv_compact`). The split of the attention kernel follows
 the interpreter's SM count (4), so a merge launch may be counted where the H200 (132 SMs) has none.
 Sizes follow the CPU run (the verify forward reads the filled slots, not the whole cache): they change
-no count. Random weights accept nothing, so every round commits one token, as any miss does.
+no count. Random weights accept nothing, so every round commits one token, as any miss does. What the
+count does not see: one aten call may be several CUDA kernels (a sort, a top-k, a cuBLAS split-K) and
+kernels differ in cost (the radix top-k over a 49,152-token row is not a 4 us launch); a tree's
+ancestor mask, built lazily, is charged to the stage that first reads it (usually the verify forward).
 
 Each stage also lists its "head" part (the draft model's passes: `run_block`, eagle3's `run_nodes` and
 `feed`, `write_context`); the rest of a draft stage is the drafter's bookkeeping (eagle3: expanding the

@@ -30,9 +30,14 @@ def order_keys(values: Tensor, index: Tensor) -> Tensor:
     The float's bits are mapped to an int32 that is monotone in the float value (sign-magnitude to
     two's complement), placed in the high 32 bits; the low 32 bits hold the complemented index.
     """
+    return _keys(values, _LOW32 - index)
+
+
+def _keys(values: Tensor, complement: Tensor) -> Tensor:
+    """`order_keys` with the complemented index (2**32 - 1 - index) given."""
     bits = (values.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0 (they compare equal)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (ordered.long() << 32) | (_LOW32 - index)
+    return (ordered.long() << 32) | complement
 
 
 def top_indices(values: Tensor, k: int) -> Tensor:
@@ -71,7 +76,7 @@ def ranked_topk_sorted(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 def ranked_topk_keys(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """`ranked_topk` through packed keys: sync-free, used off the CPU."""
-    keys = order_keys(x, torch.arange(x.shape[-1], device=x.device))
+    keys = _keys(x, torch.arange(_LOW32, _LOW32 - x.shape[-1], -1, device=x.device))  # order_keys(x, ids)
     idx = torch.topk(keys, k, dim=-1, sorted=True).indices  # the keys are unique: their order is the ranking
     return x.gather(-1, idx), idx
 
