@@ -15,106 +15,12 @@ which is the foresight stage's work whatever the outcome.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 from collections import Counter
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-
-KERNELS = {"norm": 1, "qkv_rope": 1, "silu_mul": 1, "add_rmsnorm_linear": 2, "silu_mul_linear": 2}
-"""Kernels per layer op on CUDA (`fused_ops`): one Triton kernel each; the two fused into a product count
-as the element-wise kernel + cuBLAS (the "gemm" level fuses them into one where that is faster)."""
-
-
-ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # memory only, no kernel
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts aten calls, charged to the innermost `part` open (None outside every part)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.parts: list[str | None] = [None]
-        self.counts: Counter[str | None] = Counter()
-        self.names: dict[str | None, Counter[str]] = {}  # kernels by op name
-        self.kernels: Counter[str | None] = Counter()  # calls that are not views (or no-op casts) of an input
-        self.fused = 0  # inside a layer op counted as fused kernels
-
-    def reset(self) -> None:
-        self.counts, self.names, self.kernels = Counter(), {}, Counter()
-
-    @contextlib.contextmanager
-    def part(self, name: str) -> Iterator[None]:
-        """Charge calls to `name` until closed; inside another part only if that part is open (`parts`)."""
-        self.parts.append(name)
-        try:
-            yield
-        finally:
-            self.parts.pop()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        where = self.parts[-1]
-        out = func(*args, **(kwargs or {}))
-        self.counts[where] += 1
-        if not self.fused and not _aliases(func, args, out):
-            self.kernels[where] += 1
-            self.names.setdefault(where, Counter())[func.overloadpacket.__name__] += 1
-        return out
-
-    def fused_ops(self, ops: Any) -> Any:
-        """`ops` (a LayerOps of reference functions) with each call counted as the kernels the CUDA
-        fused level launches for it (`KERNELS`) instead of its reference aten calls."""
-        def one(name: str, fn: Callable) -> Callable:
-            def call(*a: Any, **kw: Any) -> Any:
-                self.kernels[self.parts[-1]] += KERNELS[name]
-                self.names.setdefault(self.parts[-1], Counter())[name] += KERNELS[name]
-                self.fused += 1
-                try:
-                    return fn(*a, **kw)
-                finally:
-                    self.fused -= 1
-            return call
-        return type(ops)(**{f.name: one(f.name, getattr(ops, f.name)) for f in dataclasses.fields(ops)})
-
-
-def _aliases(func, args: tuple, out: Any) -> bool:  # type: ignore[no-untyped-def]
-    """Whether the call launches no kernel on the GPU: a view of an input (a view op, or a cast / contiguous
-    that was a no-op) or an uninitialised allocation. In-place ops write, so they count."""
-    if func.overloadpacket.__name__ in ALLOCATIONS:
-        return True
-    ret = func._schema.returns
-    if not ret or ret[0].alias_info is None or ret[0].alias_info.is_write or not isinstance(out, torch.Tensor):
-        return False
-    ptr = out.untyped_storage().data_ptr()
-    return any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args)
-
-
-@contextlib.contextmanager
-def charged(counter: OpCounter, parts: list[tuple[str, Any, str]]) -> Iterator[None]:
-    """Wrap obj.attr (parts: (label, obj, attr)) so that its calls are charged to label; restored after."""
-    saved = []
-    for label, obj, attr in parts:
-        if not hasattr(obj, attr):  # an older tree without that function
-            continue
-        fn = getattr(obj, attr)
-        saved.append((obj, attr, obj.__dict__.get(attr) if isinstance(obj, type) else None, fn))
-
-        def wrapped(*a: Any, _fn: Callable = fn, _label: str = label, **kw: Any) -> Any:
-            if counter.parts[-1] is None:  # outside the counted stage: not charged
-                return _fn(*a, **kw)
-            with counter.part(_label):
-                return _fn(*a, **kw)
-
-        setattr(obj, attr, staticmethod(wrapped) if isinstance(obj, type) and isinstance(
-            obj.__dict__.get(attr), staticmethod) else wrapped)
-    try:
-        yield
-    finally:
-        for obj, attr, raw, fn in reversed(saved):
-            setattr(obj, attr, raw if raw is not None else fn)
+from op_counter import OpCounter, charged
 
 
 def main() -> None:

@@ -104,19 +104,25 @@ class KVCache:
         """`commit` without a host read: path [P] node ids padded with -1, count [1] the valid ones, both
         on the cache's device (what `Acceptance` holds). Slots past the new length may receive padding
         rows' K/V: they are free. The caller keeps len + N <= S (the forward already wrote there)."""
-        if self.k.is_cuda:  # one Triton launch for all layers, K and V (in place: dst <= src)
-            from specbench.kernels.kv_compact import kv_compact
-
-            rows = torch.full((self.batch, path.numel()), -1, dtype=torch.long, device=path.device)
-            rows[row] = path
-            kv_compact(self.k, self.v, rows, self.lengths)  # the lengths are the base slots: grow after
-        else:
-            base = self.lengths[row]
-            src = base + path.clamp(min=0)
-            dst = base + torch.arange(path.numel(), device=path.device)
-            for buf in (self.k, self.v):  # all layers at once; index_select copies before the write
-                buf[:, row].index_copy_(2, dst, buf[:, row].index_select(2, src))
+        (self.compact_with_kernel if self.k.is_cuda else self.compact_with_index_ops)(path, row)
         self.advance_device(count, row)
+
+    def compact_with_kernel(self, path: Tensor, row: int = 0) -> None:
+        """The path's K/V moved to the row's prefix (before the length grows): one Triton launch for all
+        layers, K and V (in place: dst <= src). CUDA (or the Triton interpreter)."""
+        from specbench.kernels.kv_compact import kv_compact
+
+        rows = torch.full((self.batch, path.numel()), -1, dtype=torch.long, device=path.device)
+        rows[row] = path
+        kv_compact(self.k, self.v, rows, self.lengths)  # the lengths are the base slots: grow after
+
+    def compact_with_index_ops(self, path: Tensor, row: int = 0) -> None:
+        """`compact_with_kernel` by index ops (any device, no host read)."""
+        base = self.lengths[row]
+        src = base + path.clamp(min=0)
+        dst = base + torch.arange(path.numel(), device=path.device)
+        for buf in (self.k, self.v):  # all layers at once; index_select copies before the write
+            buf[:, row].index_copy_(2, dst, buf[:, row].index_select(2, src))
 
     def truncate(self, length: int, row: int = 0) -> None:
         """Forget everything after `length` tokens of `row`."""

@@ -41,9 +41,11 @@ def ancestor_masks(parents: Tensor, depth: int) -> Tensor:
     ids = torch.arange(n, device=parents.device)
     mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(*parents.shape, n)
     jump = torch.where(parents >= 0, parents, ids)
-    for _ in range(max(1, depth).bit_length()):
+    steps = max(1, depth).bit_length()
+    for step in range(steps):
         mask = mask | mask.gather(-2, jump[..., None].expand(*jump.shape, n))  # row i |= row jump[i]
-        jump = jump.gather(-1, jump)
+        if step + 1 < steps:  # the last jump would go unused
+            jump = jump.gather(-1, jump)
     return mask
 
 
@@ -244,13 +246,13 @@ class DraftTree:
         keep_t = torch.as_tensor(keep, dtype=torch.long, device=self.device)
         if checked:
             keep_t = keep_t.unique(sorted=True)
-        new_index = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
+        # old id -> new id; one slot more (-1) that a parent -1 indexes (negative indices count from the end)
+        new_index = torch.full((self.num_nodes + 1,), -1, dtype=torch.long, device=self.device)
         new_index[keep_t] = torch.arange(keep_t.numel(), device=self.device)
-        old_parents = self.parents[keep_t]
-        parents = torch.where(old_parents >= 0, new_index[old_parents.clamp(min=0)], old_parents)
+        parents = new_index[self.parents[keep_t]]
         if checked and (bool((parents[1:] < 0).any()) or int(keep_t[0]) != 0):
             raise TreeError("subtree(): the kept nodes must include the root and every kept node's parent")
-        return DraftTree(
+        sub = DraftTree(
             tokens=self.tokens[keep_t],
             parents=parents,
             depth=self.depth[keep_t],
@@ -259,6 +261,10 @@ class DraftTree:
             meta=dict(self.meta),
             depth_bound=self.depth_bound,
         )
+        known = self.__dict__.get("ancestor_mask")  # computed already: restricting it is two gathers
+        if known is not None:
+            sub.__dict__["ancestor_mask"] = known.index_select(0, keep_t).index_select(1, keep_t)
+        return sub
 
 
 @dataclass(eq=False)
@@ -402,5 +408,5 @@ def select_top_scores(candidates: DraftTree, budget: int) -> DraftTree:
     scores = candidates.scores[1:].double()
     # Stable descending sort: equal scores keep node order, so a parent precedes an equal child.
     order = torch.sort(-scores, stable=True).indices[:budget] + 1
-    keep = torch.cat([torch.zeros(1, dtype=torch.long, device=candidates.device), order.to(candidates.device)])
+    keep = torch.nn.functional.pad(order.to(candidates.device), (1, 0))  # the root (id 0) first
     return candidates.subtree(keep.sort().values, checked=False)  # closed under parents by the score order

@@ -52,7 +52,12 @@ def grow_tree(policy: TreePolicy, anchor: int, expand: ExpandFn, budget: int, ma
 
 
 def ranked_expand(expand: ExpandFn) -> TopkFn:
-    """The ranked top-k of each frontier row of `expand` (ties: lower token id)."""
+    """The ranked top-k of each frontier row of `expand` (ties: lower token id). An `expand` object with
+    a `ranked(tree, frontier, k)` method (the same top-k, from a drafter that ranks a smaller vocabulary
+    itself: eagle3's draft vocabulary) is used through that method."""
+    ranked = getattr(expand, "ranked", None)
+    if ranked is not None:
+        return ranked
 
     def topk(tree: DraftTree, frontier: Tensor, k: int) -> tuple[Tensor, Tensor]:
         logp = expand(tree, frontier)
@@ -98,29 +103,43 @@ def beam_grow(anchor: Anchor, topk: TopkFn, budget: int, width: int, depth: int,
 
     Candidate ids are laid out by (depth, beam place, rank), so "score, then lower id" is the
     package's tie rule; beams are chosen by the same rule. `depth` frontiers are expanded (root
-    included): EAGLE-2's `depth` setting d expands d+1 frontiers.
+    included): EAGLE-2's `depth` setting d expands d+1 frontiers. The candidates are written into
+    buffers allocated once for the largest layout (`width` children a beam), so a depth costs a few
+    kernels and `topk` sees views of the tree so far (no concatenation).
     """
     depth = min(depth, budget)
-    tokens = [anchor_tensor(anchor, device)]
-    parents = [torch.full((1,), -1, dtype=torch.long, device=device)]
-    depths = [torch.zeros(1, dtype=torch.long, device=device)]
-    scores = [torch.zeros(1, dtype=torch.float32, device=device)]
+    size = 1 + sum(beams * width for beams in _beam_counts(width, depth))
+    tokens = torch.empty(size, dtype=torch.long, device=device)
+    parents, depths = torch.empty_like(tokens), torch.empty_like(tokens)
+    scores = torch.empty(size, dtype=torch.float32, device=device)
+    tokens[:1].copy_(anchor_tensor(anchor, device))
+    parents[:1].fill_(-1)
+    depths[:1].fill_(0)
+    scores[:1].fill_(0.0)
     frontier = torch.zeros(1, dtype=torch.long, device=device)
-    beam_scores = scores[0]
+    beam_scores = scores[:1]
     count = 1
     for d in range(depth):
-        tree = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), scores=torch.cat(scores),
-                         depth_bound=d)
+        tree = DraftTree(tokens[:count], parents[:count], depths[:count], scores=scores[:count], depth_bound=d)
         tok, lp = topk(tree, frontier, width)  # [F, k]
-        k = tok.shape[1]
-        cand = (beam_scores[:, None] + lp.float().clamp(max=0.0)).flatten()  # [F*k] by (beam place, rank)
-        tokens.append(tok.flatten())
-        parents.append(frontier.repeat_interleave(k))
-        depths.append(torch.full((cand.shape[0],), d + 1, dtype=torch.long, device=device))
-        scores.append(cand)
+        f, k = tok.shape
+        end = count + f * k
+        cand = scores[count:end]  # [F*k] by (beam place, rank)
+        torch.add(beam_scores[:, None], lp.float().clamp(max=0.0), out=cand.view(f, k))
+        tokens[count:end].view(f, k).copy_(tok)
+        parents[count:end].view(f, k).copy_(frontier[:, None])
+        depths[count:end].fill_(d + 1)
         best = top_indices(cand, width)
         frontier, beam_scores = best + count, cand[best]
-        count += cand.shape[0]
-    candidates = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), scores=torch.cat(scores),
-                           depth_bound=depth)
+        count = end
+    candidates = DraftTree(tokens[:count], parents[:count], depths[:count], scores=scores[:count], depth_bound=depth)
     return select_top_scores(candidates, budget)
+
+
+def _beam_counts(width: int, depth: int) -> list[int]:
+    """Beams expanded at each of `depth` depths with `width` children each (1 root, then <= width)."""
+    counts, beams = [], 1
+    for _ in range(depth):
+        counts.append(beams)
+        beams = min(width, beams * width)
+    return counts

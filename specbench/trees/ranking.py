@@ -20,6 +20,7 @@ from torch import Tensor
 
 _LOW32 = 0xFFFFFFFF
 CPU_KEYS_MAX_WIDTH = 4096  # rows up to this wide are ranked through keys on the CPU too
+SORT_MAX_WIDTH = 4096  # rows up to this wide are ranked by one stable sort (CUDA sorts them in shared memory)
 
 
 def order_keys(values: Tensor, index: Tensor) -> Tensor:
@@ -29,14 +30,14 @@ def order_keys(values: Tensor, index: Tensor) -> Tensor:
     The float's bits are mapped to an int32 that is monotone in the float value (sign-magnitude to
     two's complement), placed in the high 32 bits; the low 32 bits hold the complemented index.
     """
+    return _keys(values, _LOW32 - index)
+
+
+def _keys(values: Tensor, complement: Tensor) -> Tensor:
+    """`order_keys` with the complemented index (2**32 - 1 - index) given."""
     bits = (values.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0 (they compare equal)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (ordered.long() << 32) | (_LOW32 - index)
-
-
-def index_of_keys(keys: Tensor) -> Tensor:
-    """The index packed into `order_keys` keys."""
-    return _LOW32 - (keys & _LOW32)
+    return (ordered.long() << 32) | complement
 
 
 def top_indices(values: Tensor, k: int) -> Tensor:
@@ -49,7 +50,8 @@ def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(values [R, k] float32, indices [R, k] int64): the k largest entries of each row of x [R, V],
     value descending, equal values by lower index. Exact on every device.
 
-    Large rows on the CPU: a float top-k plus tie checks on the k+1 kept values (packing keys over a
+    Rows up to `SORT_MAX_WIDTH` wide (a draft vocabulary, a tree's nodes): one stable sort, two kernels.
+    Wider rows on the CPU: a float top-k plus tie checks on the k+1 kept values (packing keys over a
     whole vocabulary costs several passes there); otherwise one top-k over packed int64 keys (no host
     read: what the GPU round captures).
     """
@@ -57,15 +59,25 @@ def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         raise ValueError(f"ranked_topk expects a 2-D [rows, vocab] tensor, got shape {tuple(x.shape)}")
     k = min(int(k), x.shape[-1])
     x = x.float()
+    if x.shape[-1] <= SORT_MAX_WIDTH:
+        return ranked_topk_sorted(x, k)
     if x.device.type == "cpu" and x.shape[-1] > CPU_KEYS_MAX_WIDTH:
         return ranked_topk_checked(x, k)
     return ranked_topk_keys(x, k)
 
 
+def ranked_topk_sorted(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """`ranked_topk` through one stable descending sort per row (sync-free; on CUDA a row of <= 4,096
+    entries is sorted in one in-place kernel). `+ 0.0` turns -0.0 into +0.0 first: a radix sort orders
+    them by their bits, the tie rule calls them equal (a -0.0 comes back as +0.0, an equal value)."""
+    vals, idx = torch.sort(x.float() + 0.0, dim=-1, descending=True, stable=True)
+    return vals[..., :k], idx[..., :k]
+
+
 def ranked_topk_keys(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """`ranked_topk` through packed keys: sync-free, used off the CPU."""
-    keys = order_keys(x, torch.arange(x.shape[-1], device=x.device))
-    idx = index_of_keys(torch.topk(keys, k, dim=-1, sorted=True).values)
+    keys = _keys(x, torch.arange(_LOW32, _LOW32 - x.shape[-1], -1, device=x.device))  # order_keys(x, ids)
+    idx = torch.topk(keys, k, dim=-1, sorted=True).indices  # the keys are unique: their order is the ranking
     return x.gather(-1, idx), idx
 
 

@@ -243,3 +243,27 @@ def test_triton_head_attention_drafts_what_sdpa_drafts(tree: str, budget: int) -
         assert result.tokens == _ar(target, PROMPTS[1], 20)
         trees[backend] = seen
     assert trees["triton"] == trees["sdpa"]
+
+
+@pytest.mark.parametrize("draft_vocab, top_k", [(40, 4), (6, 8)])
+def test_draft_vocabulary_topk_grows_the_full_vocabulary_tree(tiny8, draft_vocab: int, top_k: int) -> None:
+    """eagle2 grown through the top-k over the draft vocabulary (`expand_ranked`, what `draft` uses) is
+    the tree grown from `expand`'s full-vocabulary rows, node for node (a d2t of spread-out ids; top_k
+    above the draft vocabulary takes the full rows' -inf ids too). Pairs of equal LM-head rows tie."""
+    from specbench.drafters.eagle3.drafter import _RankedExpand
+    from specbench.trees.grow import grow_tree
+
+    drafter = Eagle3Drafter(tiny8, random_init=True, draft_vocab=draft_vocab, seed=3)
+    vocab = tiny8.config.vocab_size
+    drafter.head.set_draft_vocab(torch.linspace(1, vocab - 1, draft_vocab).long())
+    with torch.no_grad():
+        weight = drafter.head.lm_head.weight
+        weight.copy_(weight[torch.arange(draft_vocab) // 2 * 2])  # draft ids 2i and 2i + 1: equal log-probs
+    policy = _policy("eagle2", top_k=top_k, max_depth=4)
+    trees = []
+    for expand in (_RankedExpand(drafter), drafter.expand):
+        state = _state(tiny8, drafter, PROMPTS[1])
+        drafter.feed_context(state)
+        tree = grow_tree(policy, state.anchor, expand, 12, 12)
+        trees.append((tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist(), tree.scores.tolist()))
+    assert trees[0] == trees[1]

@@ -1,4 +1,4 @@
-"""Exact ranking: both top-k paths against sorted(), node-order keys on special floats."""
+"""Exact ranking: the three top-k paths against sorted(), node-order keys on special floats."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from trees_reference import ranked_ids
 
 from specbench.trees.base import DepthScores
-from specbench.trees.ranking import order_keys, ranked_topk, ranked_topk_checked, ranked_topk_keys, top_indices
+from specbench.trees.ranking import (order_keys, ranked_topk, ranked_topk_checked, ranked_topk_keys, ranked_topk_sorted,
+                                    top_indices)
 
 SPECIAL = [0.0, -0.0, -1.0, -1.0, float("-inf"), -1e-45, -3.5, -0.5, 2.0, float("-inf")]
 
@@ -23,10 +24,10 @@ def tie_heavy_rows(draw: st.DrawFn) -> torch.Tensor:
 
 @settings(max_examples=200, deadline=None)
 @given(x=tie_heavy_rows(), k=st.integers(0, 14))
-def test_both_topk_paths_equal_a_sort(x: torch.Tensor, k: int) -> None:
+def test_every_topk_path_equals_a_sort(x: torch.Tensor, k: int) -> None:
     k_eff = min(k, x.shape[1])
     expected = [ranked_ids(row)[:k_eff] for row in x.tolist()]
-    for fn in (ranked_topk_checked, ranked_topk_keys):
+    for fn in (ranked_topk_checked, ranked_topk_keys, ranked_topk_sorted):
         vals, idx = fn(x.float(), k_eff)
         assert idx.tolist() == expected, fn.__name__
         assert torch.equal(vals, x.gather(-1, idx))

@@ -32,10 +32,12 @@ from torch import Tensor
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState, Weights
 from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers
+from specbench.kernels.masks import pack_tree_mask
 from specbench.models.decoder import AttentionFn, AttentionMeta, ForwardOutput, KVCache, sdpa_attention
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
 from specbench.trees.grow import grow_tree
+from specbench.trees.ranking import ranked_topk
 from specbench.verify.base import Acceptance, VerifyResult
 from specbench.verify.sampling import process_logits
 
@@ -92,6 +94,14 @@ class Eagle3Drafter(Drafter):
         self.rows = 0
         self.hidden_rows = torch.zeros(ROW_CAPACITY, cfg.hidden_size, dtype=target.dtype, device=target.device)
         self.visible = torch.zeros(ROW_CAPACITY, ROW_CAPACITY, dtype=torch.bool, device=target.device)
+        # Static tables, so a head pass plans its rows and mask in few kernels: row ids, the identity (a
+        # frontier's rows see only themselves among each other) and, for the Triton kernel, `visible`
+        # packed (bit j = draft row j + 1: `pack_tree_mask` of visible[:, 1:]) with each row's own bit.
+        eye = torch.eye(ROW_CAPACITY, dtype=torch.bool, device=target.device)
+        self.row_ids = torch.arange(ROW_CAPACITY, device=target.device)
+        self.eye = eye
+        self.own_bits = pack_tree_mask(eye[:, 1:])  # [R, W] int32; row 0 (the root): no draft bit
+        self.visible_bits = torch.zeros_like(self.own_bits)
         self.node_rows = torch.zeros(ROW_CAPACITY, dtype=torch.long, device=target.device)  # tree node id -> row
         self.root_logp = torch.zeros(self.head.draft_vocab, dtype=torch.float32, device=target.device)  # [K]
         self.passes = 0  # head passes of the last drafted round, its context feed included
@@ -176,17 +186,22 @@ class Eagle3Drafter(Drafter):
         first = self.rows + 1
         if first + f > ROW_CAPACITY:
             raise RuntimeError(f"eagle3: a round of more than {ROW_CAPACITY} draft entries; lower the budget or tree width")
-        dev = self.target.device
-        rows = torch.arange(first, first + f, device=dev)
-        vis = self.visible[parent_rows].scatter_(1, rows[:, None], True)  # [F, R]: the parents' ancestors and itself
-        self.visible[rows] = vis
-        committed = self.cache.lengths  # [1]
-        meta, attend = self._rows_attention(vis, rows, first + f - 1)
-        positions = (committed - 1 + depth)[None]
-        slots = (committed - 1 + rows)[None]
+        new = slice(first, first + f)
+        rows = self.row_ids[new]  # [F]: a view of the static table
+        if self._triton:  # the packed mask only: the parents' ancestors and itself
+            bits = self.visible_bits[parent_rows] | self.own_bits[new]  # [F, W]
+            self.visible_bits[new] = bits
+            meta, attend = self._bits_attention(bits, f, first + f - 1)
+        else:
+            vis = self.visible[parent_rows] | self.eye[new]  # [F, R]: the parents' ancestors and itself
+            self.visible[new] = vis
+            meta, attend = self._rows_attention(vis, rows, first + f - 1)
+        base = self.cache.lengths - 1  # [1]: row r sits at slot len + r - 1, depth k at position len - 1 + k
+        positions = (base + depth)[None]
+        slots = (base + rows)[None]
         h = self.head(self._embed(tokens)[None], self.hidden_rows[parent_rows][None], positions,
                       self.cache.k[0], self.cache.v[0], slots, meta, attend, self.target.model.ops)[0]  # [F, d]
-        self.hidden_rows[rows] = h
+        self.hidden_rows[new] = h
         self.rows += f
         self.passes += 1
         return rows, self._logp(h)
@@ -195,28 +210,30 @@ class Eagle3Drafter(Drafter):
     def _triton(self) -> bool:
         return self.target.model.attention == "triton"
 
-    def _rows_attention(self, vis: Tensor, rows: Tensor, drafted: int) -> tuple[AttentionMeta, AttentionFn]:
-        """What a head pass over the frontier `rows` [F] attends to: the committed entries (slots [0, len))
-        and the draft rows 1..drafted (slots len + r - 1) that `vis` [F, R] marks. The Triton kernel reads
-        just those (the frontier rows are the last F of the `drafted` new keys); SDPA reads the whole
-        cache under a dense mask [1, 1, F, S]."""
+    def _bits_attention(self, bits: Tensor, f: int, drafted: int) -> tuple[AttentionMeta, AttentionFn]:
+        """What a head pass over the last f of the `drafted` draft rows attends to, for the Triton kernel:
+        the committed entries (slots [0, len)) and the draft rows 1..drafted (slots len + r - 1) whose bits
+        `bits` [F, W] sets (the kernel reads just those)."""
+        from specbench.kernels.tree_attention import context_attention
+
         lengths, slots_total = self.cache.lengths, self.cache.max_seq_len  # type: ignore[union-attr]
-        if self._triton:
-            from specbench.kernels.masks import pack_tree_mask
-            from specbench.kernels.tree_attention import context_attention
 
-            bits = pack_tree_mask(vis[:, 1: drafted + 1])[None]  # [1, F, W]: bit j = draft row j + 1
+        def attend(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
+            return context_attention(q, k, v, meta.lengths, k, v, bits[None], scale, new_after_context=True,
+                                     num_new=drafted, context_hint=slots_total - drafted)
 
-            def attend(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
-                return context_attention(q, k, v, meta.lengths, k, v, bits, scale, new_after_context=True,
-                                         num_new=drafted, context_hint=slots_total - drafted)
+        return AttentionMeta(lengths=lengths, tree_mask=self.eye[:f, :f][None], kv_len=slots_total), attend
 
-            return AttentionMeta(lengths=lengths, tree_mask=vis[:, rows][None], kv_len=slots_total), attend
+    def _rows_attention(self, vis: Tensor, rows: Tensor, drafted: int) -> tuple[AttentionMeta, AttentionFn]:
+        """What a head pass over the frontier `rows` [F] attends to under SDPA: the committed entries
+        (slots [0, len)) and the draft rows 1..drafted (slots len + r - 1) that `vis` [F, R] marks, as a
+        dense mask over the whole cache [1, 1, F, S]."""
+        lengths, slots_total = self.cache.lengths, self.cache.max_seq_len  # type: ignore[union-attr]
         f = rows.numel()
         rel = torch.arange(slots_total, device=vis.device) - lengths + 1  # slot -> draft row (slot len + r - 1)
         in_rows = (rel >= 1) & (rel < ROW_CAPACITY)
         dense = (rel < 1)[None, :] | (in_rows[None, :] & vis.gather(1, rel.clamp(0, ROW_CAPACITY - 1)[None].expand(f, -1)))
-        return AttentionMeta(lengths=lengths, tree_mask=vis[:, rows][None], kv_len=slots_total,
+        return AttentionMeta(lengths=lengths, tree_mask=self.eye[:f, :f][None], kv_len=slots_total,
                              dense_mask=dense[None, None]), sdpa_attention  # [1, 1, F, S]
 
     def _logp(self, hidden: Tensor) -> Tensor:
@@ -233,19 +250,37 @@ class Eagle3Drafter(Drafter):
         anchor = state.anchor_on(self.target.device)
         if policy.name == "chain":
             return self._draft_chain(state, anchor, root_logp, budget)
-        return grow_tree(policy, anchor, self.expand, budget, budget, self.target.device)
+        return grow_tree(policy, anchor, _RankedExpand(self), budget, budget, self.target.device)
 
     def expand(self, tree: DraftTree, frontier: Tensor) -> Tensor:
         """The `grow` callback: full-vocabulary child log-probs [F, V] of the frontier nodes of `tree`
         (one depth). Their parents were frontier nodes of earlier calls, so their rows exist."""
+        return self.to_target_logp(self.draft_logp(tree, frontier))
+
+    def expand_ranked(self, tree: DraftTree, frontier: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """`ranked_topk` of `expand`'s rows (tokens [F, k], log-probs [F, k]) without building them: the
+        top-k over the draft vocabulary, mapped to target ids. The same ranking: d2t is increasing (the
+        lower draft id of a tie is the lower target id) and the ids outside it are -inf, after every finite
+        draft log-prob (log_softmax of finite logits is finite), so they only matter when k > K."""
+        logp = self.draft_logp(tree, frontier)  # [F, K]
+        if k > logp.shape[-1]:
+            logp = self.to_target_logp(logp)
+            vals, idx = ranked_topk(logp, k)
+            return idx, vals
+        vals, idx = ranked_topk(logp, k)
+        return self.head.d2t[idx], vals
+
+    def draft_logp(self, tree: DraftTree, frontier: Tensor) -> Tensor:
+        """Child log-probs over the draft vocabulary [F, K] of the frontier nodes of `tree` (one head pass;
+        the root's come from the context feed)."""
         if tree.num_nodes == 1:  # the root: computed with the context feed
-            return self.to_target_logp(self.root_logp)[None]
+            return self.root_logp[None]
         if tree.num_nodes > ROW_CAPACITY:
             raise RuntimeError(f"eagle3: a tree of more than {ROW_CAPACITY} candidates; lower the budget or tree width")
         parent_rows = self.node_rows[tree.parents[frontier]]  # node 0 -> row 0 (the root)
         rows, logp = self.run_nodes(tree.tokens[frontier], parent_rows, tree.depth[frontier])
         self.node_rows[frontier] = rows
-        return self.to_target_logp(logp)
+        return logp
 
     def _draft_chain(self, state: DraftState, anchor: Tensor, logp: Tensor, budget: int) -> DraftTree:
         """One node per pass; tokens stay on the device (no host read) unless sampling."""
@@ -271,6 +306,19 @@ class Eagle3Drafter(Drafter):
         tree = DraftTree.chain(anchor, torch.cat(tokens), torch.stack(probs) if probs else None, device=dev)
         tree.scores = torch.cat([logp.new_zeros(1), torch.cumsum(torch.cat(picked), 0)])
         return tree
+
+
+class _RankedExpand:
+    """The drafter's `expand` for `grow_tree`, with the `ranked` top-k that `ranked_expand` uses."""
+
+    def __init__(self, drafter: Eagle3Drafter) -> None:
+        self.drafter = drafter
+
+    def __call__(self, tree: DraftTree, frontier: Tensor) -> Tensor:
+        return self.drafter.expand(tree, frontier)
+
+    def ranked(self, tree: DraftTree, frontier: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        return self.drafter.expand_ranked(tree, frontier, k)
 
 
 def _shipped_head_dir(target: TargetModel) -> Path:

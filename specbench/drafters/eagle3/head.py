@@ -27,6 +27,12 @@ def _norm(ops: LayerOps, norm: RMSNorm, x: Tensor) -> Tensor:
     return ops.norm(x, norm.weight, norm.eps, None)[0]
 
 
+def _doubled(inv_freq: Tensor) -> Tensor:
+    """[D] fp32: the inverse frequencies twice (rotate-half pairs dim j with j + D/2), so the angles of
+    both halves come from one product instead of a product and a concatenation (the same values)."""
+    return torch.cat([inv_freq, inv_freq]).float()
+
+
 def eagle3_feature_layers(num_layers: int) -> tuple[int, int, int]:
     """Target taps (low, mid, high) = outputs of layers 1, L//2 - 1, L - 4 = inputs of layers 2, L//2,
     L - 3. Clamped into [0, L - 1] so tiny test targets (L < 5) still get three features."""
@@ -83,7 +89,7 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(d, eps)
         self.lm_head = nn.Linear(d, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.arange(draft_vocab, dtype=torch.long))
-        self.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
+        self.register_buffer("rope_freq", _doubled(rope_inv_freq(cfg)), persistent=False)
 
     @torch.no_grad()
     def init_weights(self, target: Transformer, seed: int = 0) -> "Eagle3Head":
@@ -98,7 +104,7 @@ class Eagle3Head(nn.Module):
         """Move to the target's device and dtype; the RoPE frequencies stay fp32 (a bf16 copy would
         shift the angles at long positions away from what the head was trained with)."""
         self.to(device=device, dtype=dtype)
-        self.inv_freq = rope_inv_freq(self.config).float().to(device)
+        self.rope_freq = _doubled(rope_inv_freq(self.config)).to(device)
         return self
 
     @property
@@ -131,8 +137,7 @@ class Eagle3Head(nn.Module):
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions [B, N] -> cos, sin [B, N, 1, D] in the head's dtype (computed in fp32)."""
-        freqs = positions[..., None].float() * self.inv_freq  # [B, N, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
+        emb = (positions[..., None].float() * self.rope_freq)[:, :, None, :]  # [B, N, 1, D]: both halves at once
         dtype = self.fc.weight.dtype
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

@@ -35,11 +35,12 @@ def rescore_tree(candidates: DraftTree, node_logp: Tensor, extend: int, max_dept
     """
     n = candidates.num_nodes
     dev = node_logp.device
-    lp = node_logp.double()
     tokens, parents, depth = candidates.tokens.to(dev), candidates.parents.to(dev), candidates.depth.to(dev)
     ids = torch.arange(n, device=dev)
-    contrib = torch.where(parents >= 0, lp[parents.clamp(min=0), tokens], 0.0)  # [N]: log q(token | parent's path)
-    scores = candidates.ancestor_mask.to(dev).double() @ contrib  # [N]: path sums
+    mask = candidates.ancestor_mask.to(dev)  # [N, N]
+    picked = node_logp[parents.clamp(min=0), tokens].double()  # [N]: the N entries only, then float64
+    contrib = torch.where(parents >= 0, picked, 0.0)  # [N]: log q(token | parent's path)
+    scores = mask.double() @ contrib  # [N]: path sums
     new = [tokens, parents, depth, scores]
     if extend > 0:
         width = min(extend + n - 1, node_logp.shape[-1])  # a node has at most n - 1 children
@@ -47,15 +48,23 @@ def rescore_tree(candidates: DraftTree, node_logp: Tensor, extend: int, max_dept
         is_child = ((parents[None, None, :] == ids[:, None, None]) &
                     (tokens[None, None, :] == top_tok[:, :, None])).any(-1)  # [N, W]
         fresh = ~is_child
-        chosen = (fresh.long().cumsum(1) <= extend) & fresh  # the first `extend` fresh ranks of each node
-        order = torch.sort((~chosen).to(torch.uint8), dim=1, stable=True).indices[:, :extend]  # [N, e] ranks
+        chosen = (fresh.cumsum(1) <= extend) & fresh  # the first `extend` fresh ranks of each node
+        order = torch.sort(chosen.to(torch.uint8), dim=1, descending=True, stable=True).indices[:, :extend]  # [N, e]
         ext_tok = top_tok.gather(1, order)
-        ext_lp = top_lp.double().gather(1, order)
+        ext_lp = top_lp.gather(1, order).double()
         ext_scores = torch.where((depth < max_depth)[:, None], scores[:, None] + ext_lp, float("-inf"))
         new = [torch.cat([tokens, ext_tok.flatten()]), torch.cat([parents, ids.repeat_interleave(extend)]),
                torch.cat([depth, (depth + 1).repeat_interleave(extend)]), torch.cat([scores, ext_scores.flatten()])]
+        # the ancestor mask from the candidates' (a new leaf sees its parent's ancestors and itself):
+        # three kernels, where rebuilding it from the parents takes a pointer-doubling loop
+        grown = torch.eye(n * (1 + extend), dtype=torch.bool, device=dev)
+        grown[:n, :n] = mask
+        grown[n:, :n].view(n, extend, n).copy_(mask[:, None])
+        mask = grown
     bound = None if candidates.depth_bound is None else candidates.depth_bound + 1
-    return DraftTree(tokens=new[0], parents=new[1], depth=new[2], scores=new[3], depth_bound=bound)
+    tree = DraftTree(tokens=new[0], parents=new[1], depth=new[2], scores=new[3], depth_bound=bound)
+    tree.__dict__["ancestor_mask"] = mask  # the cached property, known
+    return tree
 
 
 @DRAFTERS.register("jetspec-tree")
