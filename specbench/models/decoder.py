@@ -149,6 +149,15 @@ class AttentionMeta:
     dense_mask: Tensor | None = None  # [B, 1, N, kv_len], built lazily by the sdpa backend
     tree_bits: Tensor | None = None  # [B, N, ceil(N/32)] int32 packed tree mask, built by the triton backend
 
+    def rows(self, n: int) -> "AttentionMeta":
+        """This plan for its first n batch rows, what a backend already built for it sliced, not rebuilt
+        (itself when n is its batch: what the backend builds then stays here for the others)."""
+        if n == self.lengths.shape[0]:
+            return self
+        return AttentionMeta(self.lengths[:n], self.tree_mask[:n], self.kv_len,
+                             None if self.dense_mask is None else self.dense_mask[:n],
+                             None if self.tree_bits is None else self.tree_bits[:n])
+
 
 # On Hopper PyTorch may pick cuDNN for masked attention. cuDNN builds an execution plan per distinct
 # shape, which costs milliseconds: harmless for the CUDA-graph verify forward (one shape, read over the

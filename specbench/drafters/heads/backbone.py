@@ -127,19 +127,21 @@ class DraftHead(nn.Module):
         """features [B, C, m*d] (the taps concatenated in config order) -> c [B, C, d]."""
         return ops.norm(self.fc(features), self.hidden_norm.weight, self.hidden_norm.eps)[0]
 
-    def context_kv(self, features: Tensor, positions: Tensor, target: Transformer,
-                   fused: bool = False) -> list[tuple[Tensor, Tensor]]:
+    def context_kv(self, features: Tensor, positions: Tensor, target: Transformer, fused: bool = False,
+                   rope: tuple[Tensor, Tensor] | None = None) -> list[tuple[Tensor, Tensor]]:
         """Per layer (K, V) [B, Hkv, C, D] of the context features at `positions` [B, C]. fused: inference
-        through the target's layer ops (Triton kernels on CUDA, the same ops elsewhere; no autograd)."""
+        through the target's layer ops (Triton kernels on CUDA, the same ops elsewhere; no autograd).
+        rope: `self.rope(positions, target)` if the caller has it."""
         ops = target.ops if fused else REFERENCE_OPS
         c = self.fuse(features.to(self.dtype), ops)
-        cos, sin = self.rope(positions, target)
+        cos, sin = rope if rope is not None else self.rope(positions, target)
         return [_project_kv(layer, c, cos, sin, ops) for layer in self.layers]
 
-    def embed_block(self, tokens: Tensor, is_mask: Tensor, target: Transformer) -> Tensor:
-        """tokens, is_mask [B, Q] -> input embeddings [B, Q, d] (MASK rows get the mask embedding)."""
+    def embed_block(self, tokens: Tensor, is_mask: Tensor | None, target: Transformer) -> Tensor:
+        """tokens, is_mask [B, Q] -> input embeddings [B, Q, d] (MASK rows get the mask embedding; is_mask
+        None: no MASK row, the token embeddings as they are)."""
         x = target.embed(tokens).to(self.dtype)
-        return torch.where(is_mask[..., None], self.mask_embedding, x)
+        return x if is_mask is None else torch.where(is_mask[..., None], self.mask_embedding, x)
 
     def logits(self, hidden: Tensor, lm_head_weight: Tensor) -> Tensor:
         """The target's frozen LM head (weight [V, d], already in the head's dtype) on hidden [..., d]."""

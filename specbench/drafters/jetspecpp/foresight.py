@@ -63,13 +63,16 @@ class Context:
     tensor), `slots` the leading slots of the draft head's and the adapter's caches it reads (those
     at or past length are masked out), `tree_slots` the decoder's (the tree nodes' K/V at length +
     node), the top tap adapter's committed K/V per layer (`slots` wide) and the decoder. The host
-    round reads exactly the filled slots (`host_context`); the device round whole caches."""
+    round reads exactly the filled slots (`host_context`); the device round whole caches. nodes: the
+    tree nodes' positions [1, N] (length + depth) and their cos/sin, if the caller has them (the P̂
+    read's plan)."""
 
     length: Tensor
     slots: int
     tree_slots: int
     adapter_kv: list[tuple[Tensor, Tensor]] | None
     decoder: SliceDecoder | None
+    nodes: tuple[Tensor, tuple[Tensor, Tensor]] | None = None
 
 
 def host_context(drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree) -> Context:
@@ -81,19 +84,20 @@ def host_context(drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree
 
 
 def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x: Tensor, positions: Tensor,
-                  mask: Tensor, model, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:  # type: ignore[no-untyped-def]
+                  mask: Tensor, model, rope: tuple[Tensor, Tensor] | None = None  # type: ignore[no-untyped-def]
+                  ) -> tuple[Tensor, Tensor | None]:
     """B blocks x [B, Q, d] at positions [B, Q] through decoder layers whose keys are the first `shared`
     slots of a batch-1 cache (layer i = cache layer i, the same for every block) followed by each
     block's own K/V, under mask [B, Q, shared + Q], with the model's layer ops (fused on CUDA, as the
     target's own forward; rope: `model.rope(positions)` if the caller has it). Returns the last layer's
-    output [B, Q, d]."""
+    residual stream (x, delta) [B, Q, d] (`DecoderLayer.step`: the output is their sum)."""
     b, q = x.shape[:2]
     cos, sin = rope if rope is not None else model.rope(positions)
     heads, dim = cache.k.shape[2], cache.k.shape[4]
     slots = torch.arange(q, device=x.device)[None].expand(b, q)
     meta = AttentionMeta(lengths=slots[:, 0], tree_mask=mask[:, :, shared:], kv_len=q)  # lengths 0 (a view of slots)
     attn_mask = mask[:, None]  # [B, 1, Q, shared + Q]
-    x = x.to(model.embed.weight.dtype)
+    x, delta = x.to(model.embed.weight.dtype), None
     for i, layer in enumerate(layers):
         k_new = torch.empty(b, heads, q, dim, dtype=cache.k.dtype, device=x.device)
         v_new = torch.empty_like(k_new)
@@ -105,8 +109,8 @@ def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x
             values = torch.cat([v_old.expand(b, -1, -1, -1), v], dim=2)
             return masked_sdpa(qh, keys, values, attn_mask, scale)
 
-        x = layer(x, cos, sin, k_new, v_new, slots, meta, attend, model.ops)
-    return x
+        x, delta = layer.step(x, delta, cos, sin, k_new, v_new, slots, meta, attend, model.ops)
+    return x, delta
 
 
 class OutcomeBatch:
@@ -124,7 +128,8 @@ class OutcomeBatch:
         self.offsets = torch.arange(b, device=dev)
         self.positions = (ctx.length + tree.depth[nodes] + 1)[:, None] + self.offsets  # [B, b]
         self.ancestors = tree.ancestor_mask[nodes]  # [B, N]
-        self.node_positions = (ctx.length + tree.depth)[None]  # [1, N]
+        self.node_positions, self.node_rope = ctx.nodes if ctx.nodes is not None else \
+            ((ctx.length + tree.depth)[None], None)  # [1, N]: the tree nodes' positions (and cos/sin)
         count = self.positions.shape[0]
         committed = slot_mask(ctx.slots, ctx.length).expand(count, -1)  # [B, S]
         placed = slot_mask(ctx.tree_slots, ctx.length, self.ancestors)  # [B, S']
@@ -145,15 +150,20 @@ class OutcomeBatch:
         feats = torch.cat([states[t] for t in drafter.taps], dim=-1)  # [1, N, m*d]
         cache = drafter.cache
         assert cache is not None
-        ext = head.context_kv(feats, self.node_positions, model, fused=True)
+        ext = head.context_kv(feats, self.node_positions, model, fused=True, rope=self._node_rope(head))
         self._ropes: dict[torch.dtype, tuple[Tensor, Tensor]] = {}  # every pass runs at `positions`
         s = ctx.slots
         self.head_kv = [(torch.cat([cache.k[i, :, :, :s], k], dim=2).expand(count, -1, -1, -1),
                          torch.cat([cache.v[i, :, :, :s], v], dim=2).expand(count, -1, -1, -1))
                         for i, (k, v) in enumerate(ext)]
 
-    def head_logp(self, tokens: Tensor, is_mask: Tensor) -> Tensor:
-        """One batched head pass: tokens, is_mask [B, b] -> log-probs [B, b, V] (fp32)."""
+    def _node_rope(self, net: DraftHead) -> tuple[Tensor, Tensor] | None:
+        """The tree nodes' cos/sin for `net` when the context has them in its dtype (else None: computed)."""
+        rope = self.node_rope
+        return rope if rope is not None and rope[0].dtype == net.dtype else None
+
+    def head_logp(self, tokens: Tensor, is_mask: Tensor | None) -> Tensor:
+        """One batched head pass: tokens, is_mask [B, b] (None: no MASK row) -> log-probs [B, b, V] (fp32)."""
         d = self.drafter
         model = d.target.model
         x = d.head.embed_block(tokens, is_mask, model)
@@ -180,11 +190,11 @@ class OutcomeBatch:
             return d._tap_slice(d.last_verified, top).expand(count, tokens.shape[1], -1)
         if d.states == "true":
             assert d.oracle is not None
-            x = model.embed(tokens)
-            return shared_layers(model.layers[: top + 1], d.oracle, self.context.tree_slots, x, self.positions,
-                                 self.causal_mask, model, self.rope())
+            x, delta = shared_layers(model.layers[: top + 1], d.oracle, self.context.tree_slots, model.embed(tokens),
+                                     self.positions, self.causal_mask, model, self.rope())
+            return x + delta if delta is not None else x
         tap = d.adapter.tap(top)  # type: ignore[union-attr]
-        ext = tap.context_kv(self.states[top], self.node_positions, model, fused=True)
+        ext = tap.context_kv(self.states[top], self.node_positions, model, fused=True, rope=self._node_rope(tap.net))
         committed = self.context.adapter_kv
         assert committed is not None
         kv = [(torch.cat([ck, k], dim=2).expand(count, -1, -1, -1), torch.cat([cv, v], dim=2).expand(count, -1, -1, -1))
@@ -197,10 +207,10 @@ class OutcomeBatch:
         d = self.drafter
         dec, model = self.context.decoder, d.target.model
         assert dec is not None
-        x = shared_layers(dec.layers, dec.cache, self.context.tree_slots, h_top, self.positions, self.causal_mask, model,
-                          self.rope()) \
-            if dec.layers else h_top.to(model.embed.weight.dtype)
-        return model.lm_head(model.norm(x)).float()
+        x, delta = shared_layers(dec.layers, dec.cache, self.context.tree_slots, h_top, self.positions,
+                                 self.causal_mask, model, self.rope()) \
+            if dec.layers else (h_top.to(model.embed.weight.dtype), None)
+        return dec.head(x, delta).float()
 
     def refresh(self, drafts: Tensor) -> tuple[Tensor, Tensor]:
         """`JetSpecPPDrafter.refresh` for every outcome: drafts [B, D] -> (drafts with the decoder's
@@ -221,12 +231,11 @@ class OutcomeBatch:
         tokens = self.bonus[:, None].expand(count, b)
         logp = self.head_logp(tokens, (self.offsets > 0)[None].expand(count, b))[:, 1:]  # J0
         drafts = logp.max(dim=-1).indices
-        no_mask = torch.zeros(count, b, dtype=torch.bool, device=tokens.device)
         k_hats: list[Tensor] = []
         for j in range(1, d.J + 1):
             if j <= d.R:
                 drafts, k_hat = self.refresh(drafts)
                 k_hats.append(k_hat)
-            logp = self.head_logp(torch.cat([self.bonus[:, None], drafts], dim=1), no_mask)[:, 1:]
+            logp = self.head_logp(torch.cat([self.bonus[:, None], drafts], dim=1), None)[:, 1:]
             drafts = logp.max(dim=-1).indices
         return logp, k_hats

@@ -1,0 +1,153 @@
+"""The state adapter's tap modules as one batched pass (the device round): on a launch-bound GPU a
+one-layer module over a tree's few rows costs its kernel launches, not its FLOPs, so T taps run one
+after another cost T times the launches of one. Taps with the same layer count are stacked:
+
+    weights   every per-tap matrix and vector stacked along a leading tap dim [T, ...] (`stack_`: the
+              modules' tensors become views of the stacks, so nothing is duplicated and the state
+              dict, hence the checkpoint, is unchanged)
+    norms     the shared part (RMSNorm with a unit weight, one fused launch over all T x Q rows) times
+              each tap's weight [T, 1, d] (one element-wise launch): the reference's roundings
+    products  torch.bmm / baddbmm over the tap dim (one launch each, F.linear's result per tap)
+    K/V       one cache of batch T (row j: tap j's context K/V), written and read in one launch
+
+The element-wise ops are the reference's per element and the products are F.linear's per tap, so on
+the CPU the stack equals the per-tap modules (`TapAdapter.forward_cached`, `write_committed`)
+exactly; a test holds it to them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from specbench.drafters.jetspecpp.adapter import TapAdapter
+from specbench.models.decoder import AttentionMeta, KVCache, Transformer
+from specbench.models.target import TargetModel
+
+
+def stack_(tensors: Sequence[Tensor | None]) -> Tensor | None:
+    """The tensors stacked along a new leading dim [T, ...], each rebound to its row of the stack (a
+    view), so the stack is their only storage; None when they are None (a missing bias)."""
+    if tensors[0] is None:
+        return None
+    with torch.no_grad(), torch.inference_mode(False):
+        out = torch.stack([t.detach() for t in tensors])  # type: ignore[union-attr]
+    for t, row in zip(tensors, out):
+        t.data = row  # type: ignore[union-attr]
+    return out
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Per tap F.linear: x [T or 1, Q, K] (1: shared by every tap), weight [T, N, K], bias [T, N] -> [T, Q, N]."""
+    x = x.expand(weight.shape[0], -1, -1)
+    return torch.bmm(x, weight.mT) if bias is None else torch.baddbmm(bias[:, None], x, weight.mT)
+
+
+class TapStack:
+    """Tap modules of one layer count run as one (module docstring); `cache` their context K/V [L, T, ...]."""
+
+    def __init__(self, taps: Sequence[int], modules: Sequence[TapAdapter], target: TargetModel, slots: int) -> None:
+        nets = [m.net for m in modules]
+        counts = {n.config.num_layers for n in nets}
+        if len(counts) != 1:
+            raise ValueError(f"a tap stack needs one layer count per module, got {sorted(counts)}")
+        self.taps, self.modules = tuple(taps), list(modules)
+        cfg = target.config
+        self.cache = KVCache(counts.pop(), len(taps), cfg.num_kv_heads, slots, cfg.head_dim, target.dtype,
+                             target.device)
+
+        def each(get: Callable[[TapAdapter], Tensor | None]) -> Tensor | None:
+            return stack_([get(m) for m in modules])
+
+        self.fc, self.hidden_norm = each(lambda m: m.net.fc.weight), each(lambda m: m.net.hidden_norm.weight)
+        self.layers = []
+        for i, layer in enumerate(nets[0].layers):
+            a = layer.attn
+            self.layers.append({
+                "attn_norm": each(lambda m: m.net.layers[i].attn_norm.weight),
+                "wqkv": each(lambda m: m.net.layers[i].attn.wqkv.weight),
+                "bqkv": each(lambda m: m.net.layers[i].attn.wqkv.bias),
+                "q_norm": each(lambda m: m.net.layers[i].attn.q_norm.weight if a.q_norm is not None else None),
+                "k_norm": each(lambda m: m.net.layers[i].attn.k_norm.weight if a.k_norm is not None else None),
+                "wo": each(lambda m: m.net.layers[i].attn.wo.weight),
+                "mlp_norm": each(lambda m: m.net.layers[i].mlp_norm.weight),
+                "gate_up": each(lambda m: m.net.layers[i].mlp.w_gate_up.weight),
+                "down": each(lambda m: m.net.layers[i].mlp.w_down.weight),
+            })
+        self.norm = each(lambda m: m.net.norm.weight)
+        self.out_w, self.out_b = each(lambda m: m.out.weight), each(lambda m: m.out.bias)
+        self.mean, self.scale = each(lambda m: m.mean), each(lambda m: m.scale)
+        attn = nets[0].layers[0].attn
+        self.n_heads, self.n_kv, self.head_dim, self.attn_scale = attn.n_heads, attn.n_kv, attn.head_dim, attn.scale
+        self.eps = nets[0].norm.eps
+        self.qk_eps = attn.q_norm.eps if attn.q_norm is not None else 1e-6
+        if self.fc.dtype != target.dtype:  # type: ignore[union-attr]
+            raise ValueError(f"the adapter computes in {self.fc.dtype}, the target in {target.dtype}: move it first")  # type: ignore[union-attr]
+        self.ones = torch.ones(cfg.hidden_size, dtype=target.dtype, device=target.device)  # the norms' shared part
+
+    @property
+    def size(self) -> int:
+        return len(self.taps)
+
+    def check(self) -> None:
+        """The modules still read the stacks (a later `.to()` would have moved them off: stale stacks)."""
+        if self.modules[0].out.weight.data_ptr() != self.out_w.data_ptr():  # type: ignore[union-attr]
+            raise RuntimeError("the adapter's weights moved after they were stacked (adapter.to() after begin()?): "
+                               "build the drafter's device states again (begin a new request)")
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def _norm(self, x: Tensor, weight: Tensor, model: Transformer, delta: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(RMSNorm(x + delta) * weight[tap], x + delta) for x, delta [T, Q, d]."""
+        normed, x = model.ops.norm(x, self.ones, self.eps, delta)
+        return weight[:, None] * normed, x
+
+    def _qkv_rope(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, n_heads: int,
+                  model: Transformer) -> Tensor | None:
+        """The layer's q/k-norm, RoPE and K/V into cache layer i for every tap: one launch, or one per tap
+        where the taps' q/k-norm weights differ (the kernel takes one)."""
+        t = self.size
+        p = self.layers[i]
+        k_cache, v_cache = self.cache.k[i], self.cache.v[i]
+        cos, sin, slots = cos.expand(t, -1, -1, -1), sin.expand(t, -1, -1, -1), slots.expand(t, -1)
+        if p["k_norm"] is None:
+            return model.ops.qkv_rope(qkv, cos, sin, n_heads, self.n_kv, self.head_dim, k_cache, v_cache, slots,
+                                      None, None, eps=self.qk_eps)
+        qs = [model.ops.qkv_rope(qkv[j: j + 1], cos[j: j + 1], sin[j: j + 1], n_heads, self.n_kv, self.head_dim,
+                                 k_cache[j: j + 1], v_cache[j: j + 1], slots[j: j + 1], p["q_norm"][j], p["k_norm"][j],
+                                 eps=self.qk_eps) for j in range(t)]
+        return torch.cat(qs) if n_heads > 0 else None  # type: ignore[arg-type]
+
+    def write(self, features: Tensor, count: Tensor, rope: tuple[Tensor, Tensor], slots: Tensor,
+              model: Transformer) -> None:
+        """`write_committed` for every tap: features [T, P, d] (tap j's states of the next P committed
+        positions, the first count [1] real) at the slots [1, P] = their positions (cos/sin `rope`
+        there), then every length += count."""
+        self.check()
+        c, _ = self._norm(linear(features.to(self.fc.dtype), self.fc, None), self.hidden_norm, model)  # type: ignore[union-attr,arg-type]
+        q_dim = self.n_heads * self.head_dim
+        for i, p in enumerate(self.layers):
+            bias = p["bqkv"][:, q_dim:] if p["bqkv"] is not None else None
+            self._qkv_rope(i, linear(c, p["wqkv"][:, q_dim:], bias), *rope, slots, 0, model)
+        self.cache.lengths += count
+
+    def block(self, tokens: Tensor, rope: tuple[Tensor, Tensor], slots: Tensor, meta: AttentionMeta,
+              model: Transformer) -> Tensor:
+        """Every tap's predicted states [T, Q, d] of block rows `tokens` [Q] (`TapAdapter.forward_cached`):
+        cos/sin `rope` at their positions, their own K/V at cache slots [1, Q] (scratch), `meta` over
+        the cache (batch T)."""
+        self.check()
+        t, q = self.size, tokens.shape[0]
+        x, delta = model.embed(tokens.expand(t, q)).to(self.fc.dtype), None  # type: ignore[union-attr]  # [T, Q, d]
+        for i, p in enumerate(self.layers):
+            h, x = self._norm(x, p["attn_norm"], model, delta)
+            qh = self._qkv_rope(i, linear(h, p["wqkv"], p["bqkv"]), *rope, slots, self.n_heads, model)
+            y = model.attend(qh, self.cache.k[i], self.cache.v[i], meta, self.attn_scale)  # [T, H, Q, D]
+            a = linear(y.transpose(1, 2).reshape(t, q, self.n_heads * self.head_dim), p["wo"], None)
+            h, x = self._norm(x, p["mlp_norm"], model, a)
+            delta = linear(model.ops.silu_mul(linear(h, p["gate_up"], None)), p["down"], None)
+        h, _ = self._norm(x, self.norm, model, delta)  # type: ignore[arg-type]
+        return self.mean[:, None] + self.scale[:, None] * linear(h, self.out_w, self.out_b)  # type: ignore[index,arg-type]
