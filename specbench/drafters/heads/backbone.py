@@ -161,14 +161,16 @@ class DraftHead(nn.Module):
                                 eps=attn.k_norm.eps if attn.k_norm is not None else 1e-6)
 
     def forward_cached(self, x: Tensor, positions: Tensor, cache: KVCache, meta: AttentionMeta,
-                       target: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                       target: Transformer, rope: tuple[Tensor, Tensor] | None = None,
+                       slots: Tensor | None = None) -> Tensor:
         """Inference: block/tree inputs x [1, Q, d] at `positions` [1, Q] through the draft layers as
         decoder layers over the draft cache (context K/V at slots < meta.lengths; the inputs' own K/V
         written at slots lengths .. lengths+Q-1 as scratch, seen under meta.tree_mask), with the
         target's attention backend and element-wise ops. Returns the final-normed hidden [1, Q, d].
-        rope: `self.rope(positions, target)` if the caller has it."""
+        rope: `self.rope(positions, target)`, slots: those scratch slots [1, Q], if the caller has them."""
         cos, sin = rope if rope is not None else self.rope(positions, target)
-        slots = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)
+        if slots is None:
+            slots = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)
         delta = None
         for i, layer in enumerate(self.layers):
             x, delta = layer.step(x, delta, cos, sin, cache.k[i], cache.v[i], slots, meta, target._attend, target.ops)

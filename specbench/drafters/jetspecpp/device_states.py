@@ -17,26 +17,15 @@ The host round (host=true, foresight, another draft device) keeps its own queue-
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
+from specbench.drafters.heads.drafter import BlockPlan
 from specbench.drafters.jetspecpp.adapter import StateAdapter
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
 from specbench.drafters.jetspecpp.tap_stack import TapStack
 from specbench.models.decoder import AttentionMeta, KVCache
 from specbench.models.target import TargetModel
-
-
-class BlockPlan(NamedTuple):
-    """One block read's shared pieces (`DeviceStates.plan`): attention meta (batch: the largest tap
-    stack's; `meta.rows(1)` for the decoder), positions [1, Q], cos/sin, the scratch slots [1, Q]."""
-
-    meta: AttentionMeta
-    positions: Tensor
-    rope: tuple[Tensor, Tensor]
-    slots: Tensor
 
 
 class DeviceStates:
@@ -90,16 +79,18 @@ class DeviceStates:
                        num_layers=self.top + 1, kv_len=kv_len)
             self.oracle.advance_device(count)
 
-    def plan(self, depth: Tensor, within: Tensor, kv_len: int) -> BlockPlan:
-        """What every tap's adapter and the decoder share in a read of block rows at depth [Q] (within-block
-        mask [Q, Q], `kv_len` slots): `commit` and `reset` move every cache together, so one committed
-        length serves all, one attention mask and one RoPE table (`Transformer.rope`, the formula of
-        `DraftHead.rope`)."""
+    def plan(self, depth: Tensor, within: Tensor, kv_len: int, batch: int | None = None) -> BlockPlan:
+        """What every tap's adapter and the decoder (and the draft head: its cache moves with these) share
+        in a read of block rows at depth [Q] (within-block mask [Q, Q], `kv_len` slots): `commit` and
+        `reset` move every cache together, so one committed length serves all, one attention mask and one
+        RoPE table (`Transformer.rope`, the formula of `DraftHead.rope`). The meta reads `batch` rows
+        (None: the largest tap stack's; `meta.rows(n)` for fewer)."""
         lengths = self.decoder.cache.lengths
         positions = (lengths + depth)[None]
         q = depth.shape[0]
         slots = lengths[:, None] + torch.arange(q, device=depth.device)
         rows = self.stacks[0].cache.lengths if self.stacks else lengths  # equal committed lengths, one per row
+        rows = rows[:batch] if batch is not None else rows
         meta = AttentionMeta(lengths=rows, tree_mask=within[None].expand(rows.shape[0], q, q), kv_len=kv_len)
         return BlockPlan(meta, positions, self.model.rope(positions), slots)
 
@@ -128,15 +119,20 @@ class DeviceStates:
         plan = plan if plan is not None else self.plan(depth, within, kv_len)
         out = {}
         for stack in self.stacks:  # the largest first: its batch's mask is built once, sliced for the rest
-            if not set(stack.taps) & set(taps):
+            wanted = [j for j, t in enumerate(stack.taps) if t in taps]
+            if not wanted:
                 continue
-            states = stack.block(tokens, plan.rope, plan.slots, plan.meta.rows(stack.size), self.model)  # [T, Q, d]
-            out.update({t: states[j: j + 1] for j, t in enumerate(stack.taps) if t in taps})
+            rows = slice(wanted[0], wanted[0] + 1) if len(wanted) == 1 else slice(None)  # one tap: its row only
+            states = stack.block(tokens, plan.rope, plan.slots, plan.meta.rows(len(range(stack.size)[rows])),
+                                 self.model, rows)  # [T', Q, d]
+            out.update({t: states[j - (rows.start or 0)][None] for j, t in enumerate(stack.taps) if t in taps})
         return out
 
-    def decoder_logits(self, tokens: Tensor, depth: Tensor, within: Tensor, kv_len: int) -> Tensor:
-        """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j)."""
-        plan = self.plan(depth, within, kv_len)
+    def decoder_logits(self, tokens: Tensor, depth: Tensor, within: Tensor, kv_len: int,
+                       plan: BlockPlan | None = None) -> Tensor:
+        """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j);
+        plan: this read's `plan` (batch 1 serves: only the top tap is read)."""
+        plan = plan if plan is not None else self.plan(depth, within, kv_len, batch=1)
         h_top = self.block(tokens, depth, within, (self.top,), kv_len, plan)[self.top]
         return self.decoder.read(h_top, depth, within, kv_len, plan.meta.rows(1), plan.rope, plan.slots)
 

@@ -73,7 +73,7 @@ from specbench.config import SamplingConfig
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import DraftState, Phase
 from specbench.drafters.heads.backbone import DraftHead
-from specbench.drafters.heads.drafter import HeadDrafter, random_head
+from specbench.drafters.heads.drafter import BlockPlan, HeadDrafter, random_head
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.adapter import AdapterConfig, ContextCache, StateAdapter
 from specbench.drafters.jetspecpp.calibration import RowTemperature
@@ -377,10 +377,13 @@ class JetSpecPPDrafter(HeadDrafter):
                 for t in taps}
 
     @torch.no_grad()
-    def decoder_logits(self, state: DraftState, tokens: Tensor, depth: Tensor, within: Tensor) -> Tensor:
-        """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j)."""
+    def decoder_logits(self, state: DraftState, tokens: Tensor, depth: Tensor, within: Tensor,
+                       plan: BlockPlan | None = None) -> Tensor:
+        """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j);
+        plan: the device round's plan of this read (`DeviceStates.plan`), if the caller has it."""
         if self.on_device:
-            return self._device_states().decoder_logits(tokens, depth, within, self._kv_len(state, tokens.shape[0]))
+            return self._device_states().decoder_logits(tokens, depth, within, self._kv_len(state, tokens.shape[0]),
+                                                        plan)
         h_top = self.block_states(state, tokens, depth, within, taps=(self.top,))[self.top]
         return self.decoder.read(h_top, depth, within)
 
@@ -394,13 +397,15 @@ class JetSpecPPDrafter(HeadDrafter):
         probs = process_logits(logits, sampling) if sampling is not None and not sampling.greedy else logits.softmax(-1)
         return outcome_distribution(drafts, probs)
 
-    def refresh(self, state: DraftState, drafts: Tensor) -> tuple[Tensor, Tensor]:
+    def refresh(self, state: DraftState, drafts: Tensor, plan: BlockPlan | None = None) -> tuple[Tensor, Tensor]:
         """Context refresh of drafts [D]: (drafts, with the decoder's token at depth k̂+1 when
-        `replace`; k̂ as a 0-dim tensor). On the device, no host read."""
+        `replace`; k̂ as a 0-dim tensor). On the device, no host read; plan: the device round's plan of
+        the block read (`_draft_plan`), if the caller has it."""
         dev = drafts.device
         b = drafts.shape[0] + 1
         tokens = torch.cat([state.anchor_on(dev), drafts])
-        logits = self.decoder_logits(state, tokens, torch.arange(b, device=dev), block_pattern(b, "block-causal", dev))
+        within = plan.meta.tree_mask[0] if plan is not None else block_pattern(b, "block-causal", dev)
+        logits = self.decoder_logits(state, tokens, torch.arange(b, device=dev), within, plan)
         top1 = logits.max(dim=-1).indices[:-1]  # [D]: row i predicts depth i+1
         k_hat = (top1 == drafts).long().cumprod(0).sum()
         if self.replace:
@@ -409,23 +414,33 @@ class JetSpecPPDrafter(HeadDrafter):
 
     # ---- drafting ------------------------------------------------------------------------------
     def refined_logp(self, state: DraftState) -> Tensor:
-        """The last pass's per-depth log-probs [D, V] after J0 and J refinement passes."""
+        """The last pass's per-depth log-probs [D, V] after J0 and J refinement passes, every pass over the
+        same rows: one plan (mask, RoPE, slots) for all (`_draft_plan`)."""
         b, dev = self.block_size, self.target.device
-        logp = self.block_logp(state)  # J0: [D, V]
-        drafts = logp.max(dim=-1).indices  # first maximal index: the chain policy's tie rule
         depth = torch.arange(b, device=dev)
         within = block_pattern(b, self.attention, dev)
-        tokens_only = torch.zeros(b, dtype=torch.bool, device=dev)
+        plan, refresh_plan = self._draft_plan(state, depth, within)
+        logp = self.block_logp(state, plan)  # J0: [D, V]
+        drafts = logp.max(dim=-1).indices  # first maximal index: the chain policy's tie rule
         k_hats: list[Tensor] = []
         for j in range(1, self.J + 1):
             if j <= self.R:
-                drafts, k_hat = self.refresh(state, drafts)
+                drafts, k_hat = self.refresh(state, drafts, refresh_plan)
                 k_hats.append(k_hat)
             inputs = torch.cat([state.anchor_on(dev), drafts])
-            logp = self.run_block(state, inputs, tokens_only, depth, within)[1:]
+            logp = self.run_block(state, inputs, None, depth, within, plan)[1:]
             drafts = logp.max(dim=-1).indices
         self.last_round = {"k_hat": k_hats}
         return logp
+
+    def _draft_plan(self, state: DraftState, depth: Tensor, within: Tensor) -> tuple[BlockPlan, BlockPlan | None]:
+        """(the head passes' plan, the refreshes' or None): in the device round with block-causal heads one
+        plan over the block's rows serves the head, the top tap's adapter and the decoder (their caches
+        move together); otherwise the head's own (`block_plan`) and None (the refresh plans its read)."""
+        if self.on_device and self.device_states is not None and self.R > 0 and self.attention == "block-causal":
+            plan = self.device_states.plan(depth, within, self._kv_len(state, depth.shape[0]), batch=1)
+            return plan, plan
+        return self.block_plan(state, depth, within), None
 
     def phases(self, state: DraftState, policy: TreePolicy, budget: int) -> list[Phase]:
         """The device round's stages (refined scores, then the tree), else `draft` as one stage."""

@@ -105,13 +105,11 @@ class TapStack:
         normed, x = model.ops.norm(x, self.ones, self.eps, delta)
         return weight[:, None] * normed, x
 
-    def _qkv_rope(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, n_heads: int,
-                  model: Transformer) -> Tensor | None:
-        """The layer's q/k-norm, RoPE and K/V into cache layer i for every tap: one launch, or one per tap
-        where the taps' q/k-norm weights differ (the kernel takes one)."""
-        t = self.size
-        p = self.layers[i]
-        k_cache, v_cache = self.cache.k[i], self.cache.v[i]
+    def _qkv_rope(self, p: dict[str, Tensor | None], qkv: Tensor, cos: Tensor, sin: Tensor, slots: Tensor,
+                  n_heads: int, k_cache: Tensor, v_cache: Tensor, model: Transformer) -> Tensor | None:
+        """A layer's (weights p) q/k-norm, RoPE and K/V into its caches [T, Hkv, S, D] for every tap of qkv
+        [T, Q, W]: one launch, or one per tap where the taps' q/k-norm weights differ (the kernel takes one)."""
+        t = qkv.shape[0]
         cos, sin, slots = cos.expand(t, -1, -1, -1), sin.expand(t, -1, -1, -1), slots.expand(t, -1)
         if p["k_norm"] is None:
             return model.ops.qkv_rope(qkv, cos, sin, n_heads, self.n_kv, self.head_dim, k_cache, v_cache, slots,
@@ -131,23 +129,28 @@ class TapStack:
         q_dim = self.n_heads * self.head_dim
         for i, p in enumerate(self.layers):
             bias = p["bqkv"][:, q_dim:] if p["bqkv"] is not None else None
-            self._qkv_rope(i, linear(c, p["wqkv"][:, q_dim:], bias), *rope, slots, 0, model)
+            self._qkv_rope(p, linear(c, p["wqkv"][:, q_dim:], bias), *rope, slots, 0, self.cache.k[i], self.cache.v[i],
+                           model)
         self.cache.lengths += count
 
     def block(self, tokens: Tensor, rope: tuple[Tensor, Tensor], slots: Tensor, meta: AttentionMeta,
-              model: Transformer) -> Tensor:
-        """Every tap's predicted states [T, Q, d] of block rows `tokens` [Q] (`TapAdapter.forward_cached`):
-        cos/sin `rope` at their positions, their own K/V at cache slots [1, Q] (scratch), `meta` over
-        the cache (batch T)."""
+              model: Transformer, rows: slice = slice(None)) -> Tensor:
+        """The predicted states [T', Q, d] of block rows `tokens` [Q] by the taps `rows` (all: T' = T;
+        `TapAdapter.forward_cached`): cos/sin `rope` at their positions, their own K/V at cache slots
+        [1, Q] (scratch), `meta` over those cache rows (batch T')."""
         self.check()
-        t, q = self.size, tokens.shape[0]
-        x, delta = model.embed(tokens.expand(t, q)).to(self.fc.dtype), None  # type: ignore[union-attr]  # [T, Q, d]
-        for i, p in enumerate(self.layers):
+        sel = lambda w: w[rows] if w is not None else None  # noqa: E731  # the taps read (views)
+        t, q = len(range(self.size)[rows]), tokens.shape[0]
+        k_cache, v_cache = self.cache.k[:, rows], self.cache.v[:, rows]
+        x, delta = model.embed(tokens.expand(t, q)).to(self.fc.dtype), None  # type: ignore[union-attr]  # [T', Q, d]
+        for i, layer in enumerate(self.layers):
+            p = {name: sel(w) for name, w in layer.items()}
             h, x = self._norm(x, p["attn_norm"], model, delta)
-            qh = self._qkv_rope(i, linear(h, p["wqkv"], p["bqkv"]), *rope, slots, self.n_heads, model)
-            y = model.attend(qh, self.cache.k[i], self.cache.v[i], meta, self.attn_scale)  # [T, H, Q, D]
+            qh = self._qkv_rope(p, linear(h, p["wqkv"], p["bqkv"]), *rope, slots, self.n_heads, k_cache[i], v_cache[i],
+                                model)
+            y = model.attend(qh, k_cache[i], v_cache[i], meta, self.attn_scale)  # [T', H, Q, D]
             a = linear(y.transpose(1, 2).reshape(t, q, self.n_heads * self.head_dim), p["wo"], None)
             h, x = self._norm(x, p["mlp_norm"], model, a)
             delta = linear(model.ops.silu_mul(linear(h, p["gate_up"], None)), p["down"], None)
-        h, _ = self._norm(x, self.norm, model, delta)  # type: ignore[arg-type]
-        return self.mean[:, None] + self.scale[:, None] * linear(h, self.out_w, self.out_b)  # type: ignore[index,arg-type]
+        h, _ = self._norm(x, sel(self.norm), model, delta)  # type: ignore[arg-type]
+        return sel(self.mean)[:, None] + sel(self.scale)[:, None] * linear(h, sel(self.out_w), sel(self.out_b))  # type: ignore[index,arg-type]
