@@ -60,6 +60,14 @@ class KVCache:
     def host_lengths(self, values: list[int]) -> None:
         self._host = list(values)
 
+    def rows(self, rows: slice) -> "KVCache":
+        """Batch rows `rows` as a cache of their own: views of this one's K/V and lengths (writes to either
+        are seen by both)."""
+        out = object.__new__(KVCache)
+        out.k, out.v, out.lengths = self.k[:, rows], self.v[:, rows], self.lengths[rows]
+        out._host, out.max_seq_len = None, self.max_seq_len
+        return out
+
     def reset(self) -> None:
         self.lengths.zero_()
         self._host = [0] * self.batch

@@ -121,7 +121,7 @@ class HeadDrafter(Drafter):
 
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         head, cfg = self.head, self.target.config
-        slots = max_seq_len + 2 * self.max_path + self.block_size  # room past the committed prefix: scratch
+        slots = max_seq_len + self.scratch_slots()
         if self.cache is None or self.cache.max_seq_len < slots:
             self.cache = KVCache(head.config.num_layers, 1, cfg.num_kv_heads, slots, cfg.head_dim, self.target.dtype,
                                  self.target.device)
@@ -129,6 +129,11 @@ class HeadDrafter(Drafter):
         features = self._features(prefill.hidden, slice(None))
         n = features.shape[1]
         self.write_context(features, torch.full((1,), n, dtype=torch.long, device=features.device))
+
+    def scratch_slots(self) -> int:
+        """Draft-cache slots past `begin`'s max_seq_len: room past the committed prefix for a block read and
+        a padded commit (scratch)."""
+        return 2 * self.max_path + self.block_size
 
     def write_context(self, features: Tensor, count: Tensor) -> None:
         """Features [1, L, m*d] of the next L committed positions, of which the first count [1] are real

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig
 from specbench.models.config import ModelConfig
-from specbench.models.decoder import AttentionMeta, KVCache, Transformer
+from specbench.models.decoder import AttentionFn, AttentionMeta, KVCache, Transformer
 from specbench.models.target import TargetModel
 
 
@@ -101,12 +101,13 @@ class TapAdapter(nn.Module):
         return self.mean + self.scale * self.out(y)
 
     def forward_cached(self, tokens: Tensor, positions: Tensor, cache: KVCache, meta: AttentionMeta,
-                       model: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                       model: Transformer, rope: tuple[Tensor, Tensor] | None = None, slots: Tensor | None = None,
+                       attend: AttentionFn | None = None) -> Tensor:
         """`forward` against a context cache written by `write_committed` (the device round): tokens,
         positions [1, Q]; meta over the cache (block K/V in the scratch slots past its length) ->
-        predicted states [1, Q, d]. No host read. rope: `net.rope(positions, model)` if the caller has it."""
+        predicted states [1, Q, d]. No host read. rope, slots, attend: `DraftHead.forward_cached`'s."""
         x = self.net.embed_block(tokens, None, model)
-        y = self.net.forward_cached(x, positions, cache, meta, model, rope)
+        y = self.net.forward_cached(x, positions, cache, meta, model, rope, slots, attend)
         return self.mean + self.scale * self.out(y)
 
 

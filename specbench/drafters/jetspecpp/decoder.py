@@ -13,11 +13,25 @@ next extend or read overwrites them), so the cache needs `block_size` spare slot
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
-from specbench.models.decoder import AttentionMeta, KVCache, sdpa_attention
+from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, Transformer, sdpa_attention
 from specbench.models.target import TargetModel
+
+
+def cached_layers(layers: Sequence[DecoderLayer], cache: KVCache, x: Tensor, rope: tuple[Tensor, Tensor], slots: Tensor,
+                  meta: AttentionMeta, model: Transformer) -> tuple[Tensor, Tensor | None]:
+    """Rows x [1, Q, d] through decoder layers over `cache` (layer i = cache layer i): their K/V written at
+    `slots` [1, Q], attention as `meta` plans (the SDPA backend: a dense mask, given or built), cos/sin
+    `rope`, the model's layer ops -> the last layer's residual stream (x, delta) (`DecoderLayer.step`:
+    the output is their sum; delta None without layers)."""
+    x, delta = x.to(model.embed.weight.dtype), None
+    for i, layer in enumerate(layers):
+        x, delta = layer.step(x, delta, *rope, cache.k[i], cache.v[i], slots, meta, sdpa_attention, model.ops)
+    return x, delta
 
 
 class SliceDecoder:
@@ -40,7 +54,7 @@ class SliceDecoder:
     def reset(self) -> None:
         self.cache.reset()
 
-    def _run(self, h: Tensor, positions: Tensor, within: Tensor, kv_len: int, meta: AttentionMeta | None = None,
+    def run_layers(self, h: Tensor, positions: Tensor, within: Tensor, kv_len: int, meta: AttentionMeta | None = None,
              rope: tuple[Tensor, Tensor] | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """h [1, Q, d] at positions [1, Q] with within-block mask [Q, Q], reading `kv_len` cache slots ->
         the last layer's residual stream (x, delta) [1, Q, d] (`DecoderLayer.step`: the sum is the
@@ -53,11 +67,7 @@ class SliceDecoder:
             slots = self.cache.lengths[:, None] + torch.arange(q, device=h.device)  # [1, Q]
         if meta is None:
             meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=within[None], kv_len=kv_len)
-        x, delta = h.to(self.model.embed.weight.dtype), None
-        for i, layer in enumerate(self.layers):
-            x, delta = layer.step(x, delta, cos, sin, self.cache.k[i], self.cache.v[i], slots, meta, sdpa_attention,
-                                  self.model.ops)
-        return x, delta
+        return cached_layers(self.layers, self.cache, h, (cos, sin), slots, meta, self.model)
 
     def _host_kv_len(self, q: int) -> int:
         """Slots a host-driven call over q rows reads (a host read of the length), checked."""
@@ -72,7 +82,7 @@ class SliceDecoder:
             return
         if self.layers:
             causal = torch.ones(k, k, dtype=torch.bool, device=h_top.device).tril_()
-            self._run(h_top, (self.cache.lengths[:, None] + torch.arange(k, device=h_top.device)), causal,
+            self.run_layers(h_top, (self.cache.lengths[:, None] + torch.arange(k, device=h_top.device)), causal,
                       self._host_kv_len(k))
         self.cache.advance(k)
 
@@ -87,7 +97,7 @@ class SliceDecoder:
             causal = torch.ones(p, p, dtype=torch.bool, device=h_top.device).tril_()
             if slots is None:
                 slots = self.cache.lengths[:, None] + torch.arange(p, device=h_top.device)
-            self._run(h_top, slots, causal, kv_len, rope=rope, slots=slots)
+            self.run_layers(h_top, slots, causal, kv_len, rope=rope, slots=slots)
         self.cache.advance_device(count)
 
     def truncate(self, length: int) -> None:
@@ -101,10 +111,10 @@ class SliceDecoder:
         logits [Q, V] (fp32): row j is p̂ of the token after block row j. kv_len: the slots read (None:
         length + Q, a host read; the device round passes its own, and may pass the read's attention plan
         `meta`, `rope` (`model.rope` of those positions) and the scratch `slots` [1, Q])."""
-        positions = (self.cache.lengths + depth)[None]
+        positions = (self.cache.lengths + depth)[None] if rope is None else depth  # positions: read for RoPE only
         if kv_len is None:
             kv_len = self._host_kv_len(h_top.shape[1])
-        x, delta = self._run(h_top, positions, within, kv_len, meta, rope, slots) if self.layers else \
+        x, delta = self.run_layers(h_top, positions, within, kv_len, meta, rope, slots) if self.layers else \
             (h_top.to(self.model.embed.weight.dtype), None)
         return self.head(x, delta)[0].float()
 

@@ -100,8 +100,8 @@ class DeviceForesight:
         law = self.decoder_law(logits, tree, min(logits.shape[-1], f.B + n))
         sel = select(f.rule, law, tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, f.B, lam=f.lam,
                      ratio=f.ratio)
-        ctx = Context(length=ds.decoder.cache.lengths, slots=slots, tree_slots=slots, adapter_kv=ds.tap_kv(d.top, slots),
-                      decoder=ds.decoder, nodes=(plan.positions, plan.rope))
+        ctx = Context(length=ds.decoder.cache.lengths, kv_len=d._kv_len(state, n + f.B * d.block_size),
+                      adapter=ds.tap_cache(d.top), decoder=ds.decoder, nodes=plan)
         blocks, _ = OutcomeBatch(d, state, tree, states, sel.nodes, sel.tokens, ctx).refined_logp()  # [B, D, V]
         trees = policy.build_batch(sel.tokens, blocks, budget)  # [B, N']: one batched build, not B
         key_len, key_tokens = outcome_keys(tree, sel.nodes)

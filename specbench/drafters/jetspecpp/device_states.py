@@ -94,12 +94,11 @@ class DeviceStates:
         meta = AttentionMeta(lengths=rows, tree_mask=within[None].expand(rows.shape[0], q, q), kv_len=kv_len)
         return BlockPlan(meta, positions, self.model.rope(positions), slots)
 
-    def tap_kv(self, tap: int, slots: int) -> list[tuple[Tensor, Tensor]]:
-        """Per layer the adapter module's context (K, V) [1, Hkv, slots, D] of `tap` (states=predicted)."""
+    def tap_cache(self, tap: int) -> KVCache:
+        """The adapter module's context cache of `tap` (states=predicted): its row of its stack's cache."""
         stack = next(st for st in self.stacks if tap in st.taps)
         j = stack.taps.index(tap)
-        c = stack.cache
-        return [(c.k[i, j: j + 1, :, :slots], c.v[i, j: j + 1, :, :slots]) for i in range(c.k.shape[0])]
+        return stack.cache.rows(slice(j, j + 1))
 
     def block(self, tokens: Tensor, depth: Tensor, within: Tensor, taps: tuple[int, ...], kv_len: int,
               plan: BlockPlan | None = None) -> dict[int, Tensor]:

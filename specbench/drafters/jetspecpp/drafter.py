@@ -66,6 +66,8 @@ sequential | concurrent), record (keep a `RoundRecord` per round for the offline
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -164,6 +166,7 @@ class JetSpecPPDrafter(HeadDrafter):
         self._branch = "miss"  # the device foresight round's next drafting stages: "hit" (served) or "miss"
         self._drafted = False  # a round was drafted in this request (so the next could be a hit)
         self.request: DraftState | None = None  # the request begun (its committed length sizes CPU reads)
+        self.tables: dict[tuple, Tensor] = {}  # static index tables and masks of the shapes run (`table`)
 
     def _foresight(self, mode: str | bool, B: int, select: str, scores: str, lam: float | None,
                    calibration: str | RowTemperature | None, ratio: float, record: bool) -> Foresight | None:
@@ -261,7 +264,7 @@ class JetSpecPPDrafter(HeadDrafter):
             self._branch, self._drafted = "miss", False
         if self.on_device:  # only the refreshes and the foresight stage read block states there
             return self._begin_device(state, prefill, max_seq_len) if self.R > 0 or self.device_foresight else None
-        slots = max_seq_len + self.block_size  # block reads write after the committed positions
+        slots = max_seq_len + self.block_size + self._foresight_slots()  # block reads write after the committed positions
         if self.decoder is None or self.decoder.cache.max_seq_len < slots:
             self.decoder = SliceDecoder(self.target, self.top, slots)
             if self.states == "predicted":
@@ -278,7 +281,7 @@ class JetSpecPPDrafter(HeadDrafter):
 
     def _begin_device(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         """The device round's state caches, sized once, fed the prompt's positions."""
-        slots = max_seq_len + 2 * self.max_path + self.block_size  # as the draft cache: scratch past the prefix
+        slots = max_seq_len + self.scratch_slots()  # as the draft cache: scratch past the prefix
         if self.device_states is None or self.device_states.max_seq_len < slots:
             taps = tuple(self.taps) if self.device_foresight is not None else (self.top,)  # the head reads every tap's
             self.device_states = DeviceStates(self.target, self.adapter, self.states, taps, self.top, slots)
@@ -286,6 +289,21 @@ class JetSpecPPDrafter(HeadDrafter):
         n = prefill.hidden[self.top].shape[1]
         tokens = torch.tensor(state.tokens[:n], dtype=torch.long, device=self.target.device)
         self.device_states.commit(prefill.hidden, tokens, torch.full((1,), n, dtype=torch.long, device=tokens.device), n)
+
+    def table(self, key: tuple, build: Callable[[], Tensor]) -> Tensor:
+        """A tensor that depends on shapes only (a block pattern, an index table: `key` names it), built by
+        `build` the first time and kept, so a round's stages read it instead of computing it (on the GPU
+        the first, eager round builds it; captured replays read the same tensor)."""
+        if key not in self.tables:
+            self.tables[key] = build()
+        return self.tables[key]
+
+    def _foresight_slots(self) -> int:
+        """Scratch slots the foresight blocks take past the tree's (`foresight.OutcomeBatch`: B x b flat rows)."""
+        return self.foresight.B * self.block_size if self.foresight is not None and self.foresight.mode == "on" else 0
+
+    def scratch_slots(self) -> int:
+        return super().scratch_slots() + self._foresight_slots()
 
     def _device_states(self) -> DeviceStates:
         if self.device_states is None:
