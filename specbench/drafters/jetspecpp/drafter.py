@@ -423,11 +423,12 @@ class JetSpecPPDrafter(HeadDrafter):
         b = drafts.shape[0] + 1
         tokens = torch.cat([state.anchor_on(dev), drafts])
         within = plan.meta.tree_mask[0] if plan is not None else block_pattern(b, "block-causal", dev)
-        logits = self.decoder_logits(state, tokens, torch.arange(b, device=dev), within, plan)
+        depth = self.table(("arange", b), lambda: torch.arange(b, device=dev))
+        logits = self.decoder_logits(state, tokens, depth, within, plan)
         top1 = logits.max(dim=-1).indices[:-1]  # [D]: row i predicts depth i+1
         k_hat = (top1 == drafts).long().cumprod(0).sum()
         if self.replace:
-            drafts = torch.where(torch.arange(b - 1, device=dev) == k_hat, top1, drafts)
+            drafts = torch.where(depth[:-1] == k_hat, top1, drafts)
         return drafts, k_hat
 
     # ---- drafting ------------------------------------------------------------------------------
@@ -435,8 +436,8 @@ class JetSpecPPDrafter(HeadDrafter):
         """The last pass's per-depth log-probs [D, V] after J0 and J refinement passes, every pass over the
         same rows: one plan (mask, RoPE, slots) for all (`_draft_plan`)."""
         b, dev = self.block_size, self.target.device
-        depth = torch.arange(b, device=dev)
-        within = block_pattern(b, self.attention, dev)
+        depth = self.table(("arange", b), lambda: torch.arange(b, device=dev))
+        within = self.table(("block pattern", b, self.attention), lambda: block_pattern(b, self.attention, dev))
         plan, refresh_plan = self._draft_plan(state, depth, within)
         logp = self.block_logp(state, plan)  # J0: [D, V]
         drafts = logp.max(dim=-1).indices  # first maximal index: the chain policy's tie rule
