@@ -39,7 +39,7 @@ def test_the_stack_equals_each_taps_module(preset: str) -> None:
     modules = [adapter.tap(t) for t in taps]
     refs = [KVCache(2, 1, cfg.num_kv_heads, slots, cfg.head_dim, target.dtype, "cpu") for _ in taps]
     g = torch.Generator().manual_seed(0)
-    stack = TapStack(taps, modules, target, slots)
+    stack = TapStack(taps, adapter, target, slots)
     for rows, count in ((5, 5), (4, 3)):  # a prefill, then a padded commit of 3 real rows
         feats = torch.randn(len(taps), rows, cfg.hidden_size, generator=g)  # [T, P, d]
         n = torch.full((1,), count, dtype=torch.long)
@@ -71,12 +71,15 @@ def test_the_stack_reads_the_modules_storage() -> None:
     target = load_target("random:tiny-llama")
     adapter = _randomized(target, (0, 1), 1)
     before = {k: v.clone() for k, v in adapter.state_dict().items()}
-    stack = TapStack((0, 1), [adapter.tap(0), adapter.tap(1)], target, 16)
+    stack = TapStack((0, 1), adapter, target, 16)
     after = adapter.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
     with torch.no_grad():
         adapter.tap(1).out.bias.add_(1.0)
-    assert torch.equal(stack.out_b[1], adapter.tap(1).out.bias) and not torch.equal(stack.out_b[0], stack.out_b[1])
+    assert torch.equal(stack.w.out_b[1], adapter.tap(1).out.bias) and not torch.equal(stack.w.out_b[0], stack.w.out_b[1])
+    other = TapStack((0, 1), adapter, target, 16)  # another drafter over the same adapter: the same stacks
+    assert other.w is stack.w
+    stack.check()
     adapter.double()
     with pytest.raises(RuntimeError, match="moved after they were stacked"):
         stack.check()

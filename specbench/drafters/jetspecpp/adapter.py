@@ -120,6 +120,7 @@ class StateAdapter(nn.Module):
         if bad:
             raise ValueError(f"adapter taps {bad} are outside the target's {target_config.num_layers} layers")
         self.config = config
+        self.stacks: dict[tuple[int, ...], Any] = {}  # tap_stack.TapWeights per tap group: derived, not in the state dict
         self.modules_by_tap = nn.ModuleDict({str(t): TapAdapter(target_config, t, n, config.block_size)
                                              for t, n in zip(config.taps, config.layers)})
 

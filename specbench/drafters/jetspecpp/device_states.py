@@ -43,7 +43,7 @@ class DeviceStates:
             groups: dict[int, list[int]] = {}
             for t in taps:
                 groups.setdefault(adapter.tap(t).net.config.num_layers, []).append(t)
-            self.stacks = sorted((TapStack(g, [adapter.tap(t) for t in g], target, slots) for g in groups.values()),
+            self.stacks = sorted((TapStack(g, adapter, target, slots) for g in groups.values()),
                                  key=lambda st: -st.size)
         self.last = {t: torch.zeros(1, 1, cfg.hidden_size, dtype=target.dtype, device=dev) for t in taps} \
             if states == "stale" else {}
