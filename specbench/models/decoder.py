@@ -60,6 +60,14 @@ class KVCache:
     def host_lengths(self, values: list[int]) -> None:
         self._host = list(values)
 
+    def rows(self, rows: slice) -> "KVCache":
+        """Batch rows `rows` as a cache of their own: views of this one's K/V and lengths (writes to either
+        are seen by both)."""
+        out = object.__new__(KVCache)
+        out.k, out.v, out.lengths = self.k[:, rows], self.v[:, rows], self.lengths[rows]
+        out._host, out.max_seq_len = None, self.max_seq_len
+        return out
+
     def reset(self) -> None:
         self.lengths.zero_()
         self._host = [0] * self.batch
@@ -154,6 +162,15 @@ class AttentionMeta:
     kv_len: int  # cache slots the kernel reads: >= max(len) + N
     dense_mask: Tensor | None = None  # [B, 1, N, kv_len], built lazily by the sdpa backend
     tree_bits: Tensor | None = None  # [B, N, ceil(N/32)] int32 packed tree mask, built by the triton backend
+
+    def rows(self, n: int) -> "AttentionMeta":
+        """This plan for its first n batch rows, what a backend already built for it sliced, not rebuilt
+        (itself when n is its batch: what the backend builds then stays here for the others)."""
+        if n == self.lengths.shape[0]:
+            return self
+        return AttentionMeta(self.lengths[:n], self.tree_mask[:n], self.kv_len,
+                             None if self.dense_mask is None else self.dense_mask[:n],
+                             None if self.tree_bits is None else self.tree_bits[:n])
 
 
 # On Hopper PyTorch may pick cuDNN for masked attention. cuDNN builds an execution plan per distinct

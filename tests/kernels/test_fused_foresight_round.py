@@ -1,5 +1,5 @@
 """jetspec++'s device round with foresight through the fused layer ops (Triton; the interpreter on the CPU):
-the batched foresight passes (`DraftHead.forward_fused`, fused context K/V, `shared_layers`) and the decoder
+the batched foresight passes (the flat rows' head passes, fused context K/V, `cached_layers`) and the decoder
 slice draft the same trees and the same candidate trees ahead as with the reference ops and emit AR's
 tokens (fp32). Slow on the CPU (~45 s a
 policy under the interpreter)."""

@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from specbench.drafters.init import init_draft_params_
 from specbench.drafters.heads.masks import ATTENTION_KINDS
 from specbench.models.config import ModelConfig
-from specbench.models.decoder import (REFERENCE_OPS, AttentionMeta, DecoderLayer, KVCache, LayerOps, RMSNorm, Transformer,
-                                     masked_sdpa)
+from specbench.models.decoder import (REFERENCE_OPS, AttentionFn, AttentionMeta, DecoderLayer, KVCache, LayerOps, RMSNorm,
+                                     Transformer, masked_sdpa)
 
 
 def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
@@ -127,49 +127,58 @@ class DraftHead(nn.Module):
         """features [B, C, m*d] (the taps concatenated in config order) -> c [B, C, d]."""
         return ops.norm(self.fc(features), self.hidden_norm.weight, self.hidden_norm.eps)[0]
 
-    def context_kv(self, features: Tensor, positions: Tensor, target: Transformer,
-                   fused: bool = False) -> list[tuple[Tensor, Tensor]]:
+    def context_kv(self, features: Tensor, positions: Tensor, target: Transformer, fused: bool = False,
+                   rope: tuple[Tensor, Tensor] | None = None) -> list[tuple[Tensor, Tensor]]:
         """Per layer (K, V) [B, Hkv, C, D] of the context features at `positions` [B, C]. fused: inference
-        through the target's layer ops (Triton kernels on CUDA, the same ops elsewhere; no autograd)."""
+        through the target's layer ops (Triton kernels on CUDA, the same ops elsewhere; no autograd).
+        rope: `self.rope(positions, target)` if the caller has it."""
         ops = target.ops if fused else REFERENCE_OPS
         c = self.fuse(features.to(self.dtype), ops)
-        cos, sin = self.rope(positions, target)
+        cos, sin = rope if rope is not None else self.rope(positions, target)
         return [_project_kv(layer, c, cos, sin, ops) for layer in self.layers]
 
-    def embed_block(self, tokens: Tensor, is_mask: Tensor, target: Transformer) -> Tensor:
-        """tokens, is_mask [B, Q] -> input embeddings [B, Q, d] (MASK rows get the mask embedding)."""
+    def embed_block(self, tokens: Tensor, is_mask: Tensor | None, target: Transformer) -> Tensor:
+        """tokens, is_mask [B, Q] -> input embeddings [B, Q, d] (MASK rows get the mask embedding; is_mask
+        None: no MASK row, the token embeddings as they are)."""
         x = target.embed(tokens).to(self.dtype)
-        return torch.where(is_mask[..., None], self.mask_embedding, x)
+        return x if is_mask is None else torch.where(is_mask[..., None], self.mask_embedding, x)
 
     def logits(self, hidden: Tensor, lm_head_weight: Tensor) -> Tensor:
         """The target's frozen LM head (weight [V, d], already in the head's dtype) on hidden [..., d]."""
         return F.linear(hidden, lm_head_weight)
 
-    def write_context(self, features: Tensor, positions: Tensor, cache: KVCache, target: Transformer) -> None:
-        """Context K/V of features [1, C, m*d] at `positions` [1, C] into the draft cache's slots = positions
-        (every layer; the target's element-wise ops, fused on CUDA). No host read."""
-        c = self.fuse(features.to(self.dtype))
-        cos, sin = self.rope(positions, target)
+    def write_context(self, features: Tensor, positions: Tensor, cache: KVCache, target: Transformer,
+                      slots: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None, fused: bool = False) -> None:
+        """Context K/V of features [1, C, m*d] at `positions` [1, C] into the draft cache's `slots` [1, C]
+        (None: = positions; every layer; the target's qkv/RoPE op, fused on CUDA; fused: the fusion's
+        norm too). No host read. rope: `self.rope(positions, target)` if the caller has it."""
+        c = self.fuse(features.to(self.dtype), target.ops if fused else REFERENCE_OPS)
+        cos, sin = rope if rope is not None else self.rope(positions, target)
+        slots = positions if slots is None else slots
         for i, layer in enumerate(self.layers):
             attn = layer.attn
             q_dim = attn.n_heads * attn.head_dim
             kv = F.linear(c, attn.wqkv.weight[q_dim:], attn.wqkv.bias[q_dim:] if attn.wqkv.bias is not None else None)
             norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.k_norm is not None else (None, None)
-            target.ops.qkv_rope(kv, cos, sin, 0, attn.n_kv, attn.head_dim, cache.k[i], cache.v[i], positions, *norms,
+            target.ops.qkv_rope(kv, cos, sin, 0, attn.n_kv, attn.head_dim, cache.k[i], cache.v[i], slots, *norms,
                                 eps=attn.k_norm.eps if attn.k_norm is not None else 1e-6)
 
     def forward_cached(self, x: Tensor, positions: Tensor, cache: KVCache, meta: AttentionMeta,
-                       target: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                       target: Transformer, rope: tuple[Tensor, Tensor] | None = None,
+                       slots: Tensor | None = None, attend: AttentionFn | None = None) -> Tensor:
         """Inference: block/tree inputs x [1, Q, d] at `positions` [1, Q] through the draft layers as
         decoder layers over the draft cache (context K/V at slots < meta.lengths; the inputs' own K/V
         written at slots lengths .. lengths+Q-1 as scratch, seen under meta.tree_mask), with the
         target's attention backend and element-wise ops. Returns the final-normed hidden [1, Q, d].
-        rope: `self.rope(positions, target)` if the caller has it."""
+        rope: `self.rope(positions, target)`, slots: the scratch slots [1, Q] (any), if the caller has
+        them; attend: another backend for `meta` (e.g. SDPA over a dense mask the caller planned)."""
         cos, sin = rope if rope is not None else self.rope(positions, target)
-        slots = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)
+        if slots is None:
+            slots = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)
+        attend = attend if attend is not None else target.attend
         delta = None
         for i, layer in enumerate(self.layers):
-            x, delta = layer.step(x, delta, cos, sin, cache.k[i], cache.v[i], slots, meta, target._attend, target.ops)
+            x, delta = layer.step(x, delta, cos, sin, cache.k[i], cache.v[i], slots, meta, attend, target.ops)
         return target.ops.norm(x, self.norm.weight, self.norm.eps, delta)[0]
 
     def forward_fused(self, x: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,

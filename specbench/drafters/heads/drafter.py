@@ -11,7 +11,7 @@ scratch slots past the committed prefix, overwritten by the next round.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
@@ -39,6 +39,16 @@ def load_trained_head(drafter: str, target: TargetModel, checkpoint: str | Path 
     head = DraftHead(target.config, HeadConfig.from_dict(config))
     head.load_state_dict(state)
     return head
+
+
+class BlockPlan(NamedTuple):
+    """One block read's shared pieces: attention meta (its lengths: the committed length of every row
+    read), positions [1, Q], cos/sin at them, the scratch slots [1, Q] its rows' K/V go to."""
+
+    meta: AttentionMeta
+    positions: Tensor
+    rope: tuple[Tensor, Tensor]
+    slots: Tensor
 
 
 def write_committed(head: DraftHead, cache: KVCache, features: Tensor, count: Tensor, model: Transformer) -> None:
@@ -111,7 +121,7 @@ class HeadDrafter(Drafter):
 
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         head, cfg = self.head, self.target.config
-        slots = max_seq_len + 2 * self.max_path + self.block_size  # room past the committed prefix: scratch
+        slots = max_seq_len + self.scratch_slots()
         if self.cache is None or self.cache.max_seq_len < slots:
             self.cache = KVCache(head.config.num_layers, 1, cfg.num_kv_heads, slots, cfg.head_dim, self.target.dtype,
                                  self.target.device)
@@ -119,6 +129,11 @@ class HeadDrafter(Drafter):
         features = self._features(prefill.hidden, slice(None))
         n = features.shape[1]
         self.write_context(features, torch.full((1,), n, dtype=torch.long, device=features.device))
+
+    def scratch_slots(self) -> int:
+        """Draft-cache slots past `begin`'s max_seq_len: room past the committed prefix for a block read and
+        a padded commit (scratch)."""
+        return 2 * self.max_path + self.block_size
 
     def write_context(self, features: Tensor, count: Tensor) -> None:
         """Features [1, L, m*d] of the next L committed positions, of which the first count [1] are real
@@ -133,24 +148,37 @@ class HeadDrafter(Drafter):
         rows = acc.path[: self.max_path].clamp(min=0)
         self.write_context(self._features(target_out.hidden, rows), acc.count)
 
-    def run_block(self, state: DraftState, tokens: Tensor, is_mask: Tensor, depth: Tensor, within: Tensor) -> Tensor:
-        """One head pass over Q block inputs (tokens, is_mask [Q], depth [Q] below the anchor) with the
-        within-block mask [Q, Q] against the draft cache; returns log-probs [Q, V] (fp32)."""
+    def block_plan(self, state: DraftState, depth: Tensor, within: Tensor) -> BlockPlan:
+        """What every head pass over block rows at depth [Q] below the anchor (within-block mask [Q, Q])
+        shares: the draft cache's attention plan, the positions, RoPE and scratch slots."""
         assert self.cache is not None, "begin() was not called"
-        model, cache = self.target.model, self.cache
-        q = tokens.shape[0]
+        cache, q = self.cache, depth.shape[0]
         # On the CPU read only the filled slots (the committed length is the state's); elsewhere the
         # whole cache, so the pass has one shape for every context length (capturable).
         kv_len = state.cache_len + q if cache.k.device.type == "cpu" else cache.max_seq_len
-        meta = AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len)
-        x = self.head.embed_block(tokens[None], is_mask[None], model)
-        hidden = self.head.forward_cached(x, (cache.lengths + depth)[None], cache, meta, model)[0]  # [Q, d]
-        return torch.log_softmax(self.head.logits(hidden, model.lm_head.weight).float(), dim=-1)
+        positions = (cache.lengths + depth)[None]
+        return BlockPlan(AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len), positions,
+                         self.head.rope(positions, self.target.model),
+                         cache.lengths[:, None] + torch.arange(q, device=depth.device))
 
-    def block_logp(self, state: DraftState) -> Tensor:
-        """The MASK pass: [anchor, MASK x (b-1)] -> per-depth log-probs [b-1, V] (offset j predicts depth j)."""
+    def run_block(self, state: DraftState, tokens: Tensor, is_mask: Tensor | None, depth: Tensor, within: Tensor,
+                  plan: BlockPlan | None = None) -> Tensor:
+        """One head pass over Q block inputs (tokens, is_mask [Q] (None: no MASK row), depth [Q] below the
+        anchor) with the within-block mask [Q, Q] against the draft cache; returns log-probs [Q, V] (fp32).
+        plan: `block_plan(state, depth, within)` (or one over caches of the same committed length), if
+        the caller has it (passes over the same rows share it)."""
+        assert self.cache is not None, "begin() was not called"
+        model = self.target.model
+        plan = plan if plan is not None else self.block_plan(state, depth, within)
+        x = self.head.embed_block(tokens[None], None if is_mask is None else is_mask[None], model)
+        hidden = self.head.forward_cached(x, plan.positions, self.cache, plan.meta, model, plan.rope, plan.slots)[0]
+        return torch.log_softmax(self.head.logits(hidden, model.lm_head.weight).float(), dim=-1)  # [Q, V]
+
+    def block_logp(self, state: DraftState, plan: BlockPlan | None = None) -> Tensor:
+        """The MASK pass: [anchor, MASK x (b-1)] -> per-depth log-probs [b-1, V] (offset j predicts depth j);
+        plan: `run_block`'s, over depth 0..b-1 and the head's block pattern."""
         b, dev = self.block_size, self.target.device
         tokens = state.anchor_on(dev).expand(b)
         offsets = torch.arange(b, device=dev)
-        logp = self.run_block(state, tokens, offsets > 0, offsets, block_pattern(b, self.attention, dev))
-        return logp[1:]
+        within = plan.meta.tree_mask[0] if plan is not None else block_pattern(b, self.attention, dev)
+        return self.run_block(state, tokens, offsets > 0, offsets, within, plan)[1:]

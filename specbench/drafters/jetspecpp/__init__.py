@@ -5,6 +5,7 @@ speculation cache, pipelined with verification (part 2; docs/jetspecpp.md).
   adapter.py      the state adapter: per tapped layer, predicted block states from the verified prefix
   decoder.py      the training-free decoder: the target's layers above the top tap, norm, LM head
   device_states.py the refresh's state caches in the device round (written from the Acceptance)
+  tap_stack.py    the adapter's taps of one layer count as one batched pass (stacked weights, one cache)
   outcomes.py     the outcome distribution P̂(k, a) of a drafted block
   drafter.py      the `jetspec++` drafter: J0 + Jacobi passes J1..JJ, context refresh, anchor replacement;
                   with foresight, blocks served from the speculation cache

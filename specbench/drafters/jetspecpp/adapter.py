@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig
 from specbench.models.config import ModelConfig
-from specbench.models.decoder import AttentionMeta, KVCache, Transformer
+from specbench.models.decoder import AttentionFn, AttentionMeta, KVCache, Transformer
 from specbench.models.target import TargetModel
 
 
@@ -85,28 +85,29 @@ class TapAdapter(nn.Module):
         self.scale.copy_(s.std(0).clamp_min(1e-6).to(self.scale.dtype))
         self.stats_ready.fill_(True)
 
-    def context_kv(self, states: Tensor, positions: Tensor, model: Transformer,
-                   fused: bool = False) -> list[tuple[Tensor, Tensor]]:
-        """Per layer (K, V) of the prefix states [B, C, d] at positions [B, C] (fused: `DraftHead.context_kv`'s)."""
-        return self.net.context_kv(states, positions, model, fused)
+    def context_kv(self, states: Tensor, positions: Tensor, model: Transformer, fused: bool = False,
+                   rope: tuple[Tensor, Tensor] | None = None) -> list[tuple[Tensor, Tensor]]:
+        """Per layer (K, V) of the prefix states [B, C, d] at positions [B, C] (fused, rope: `DraftHead.context_kv`'s)."""
+        return self.net.context_kv(states, positions, model, fused, rope)
 
     def forward(self, tokens: Tensor, positions: Tensor, ctx_kv: Sequence[tuple[Tensor, Tensor]], mask: Tensor,
                 model: Transformer, rope: tuple[Tensor, Tensor] | None = None, fused: bool = False) -> Tensor:
         """tokens, positions [B, Q]; mask [B, Q, C + Q] (context ; block) -> predicted states [B, Q, d]
         (rope: `net.rope(positions, model)` if the caller has it; fused: inference through the target's
         layer ops, `DraftHead.forward_fused`)."""
-        x = self.net.embed_block(tokens, torch.zeros_like(tokens, dtype=torch.bool), model)
+        x = self.net.embed_block(tokens, None, model)
         y = self.net.forward_fused(x, positions, ctx_kv, mask, model, rope) if fused else \
             self.net(x, positions, ctx_kv, mask, model, rope=rope)
         return self.mean + self.scale * self.out(y)
 
     def forward_cached(self, tokens: Tensor, positions: Tensor, cache: KVCache, meta: AttentionMeta,
-                       model: Transformer, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                       model: Transformer, rope: tuple[Tensor, Tensor] | None = None, slots: Tensor | None = None,
+                       attend: AttentionFn | None = None) -> Tensor:
         """`forward` against a context cache written by `write_committed` (the device round): tokens,
         positions [1, Q]; meta over the cache (block K/V in the scratch slots past its length) ->
-        predicted states [1, Q, d]. No host read. rope: `net.rope(positions, model)` if the caller has it."""
-        x = self.net.embed_block(tokens, torch.zeros_like(tokens, dtype=torch.bool), model)
-        y = self.net.forward_cached(x, positions, cache, meta, model, rope)
+        predicted states [1, Q, d]. No host read. rope, slots, attend: `DraftHead.forward_cached`'s."""
+        x = self.net.embed_block(tokens, None, model)
+        y = self.net.forward_cached(x, positions, cache, meta, model, rope, slots, attend)
         return self.mean + self.scale * self.out(y)
 
 
@@ -119,6 +120,7 @@ class StateAdapter(nn.Module):
         if bad:
             raise ValueError(f"adapter taps {bad} are outside the target's {target_config.num_layers} layers")
         self.config = config
+        self.stacks: dict[tuple[int, ...], Any] = {}  # tap_stack.TapWeights per tap group: derived, not in the state dict
         self.modules_by_tap = nn.ModuleDict({str(t): TapAdapter(target_config, t, n, config.block_size)
                                              for t, n in zip(config.taps, config.layers)})
 

@@ -13,11 +13,25 @@ next extend or read overwrites them), so the cache needs `block_size` spare slot
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
-from specbench.models.decoder import AttentionMeta, KVCache, sdpa_attention
+from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, Transformer, sdpa_attention
 from specbench.models.target import TargetModel
+
+
+def cached_layers(layers: Sequence[DecoderLayer], cache: KVCache, x: Tensor, rope: tuple[Tensor, Tensor], slots: Tensor,
+                  meta: AttentionMeta, model: Transformer) -> tuple[Tensor, Tensor | None]:
+    """Rows x [1, Q, d] through decoder layers over `cache` (layer i = cache layer i): their K/V written at
+    `slots` [1, Q], attention as `meta` plans (the SDPA backend: a dense mask, given or built), cos/sin
+    `rope`, the model's layer ops -> the last layer's residual stream (x, delta) (`DecoderLayer.step`:
+    the output is their sum; delta None without layers)."""
+    x, delta = x.to(model.embed.weight.dtype), None
+    for i, layer in enumerate(layers):
+        x, delta = layer.step(x, delta, *rope, cache.k[i], cache.v[i], slots, meta, sdpa_attention, model.ops)
+    return x, delta
 
 
 class SliceDecoder:
@@ -40,21 +54,20 @@ class SliceDecoder:
     def reset(self) -> None:
         self.cache.reset()
 
-    def _run(self, h: Tensor, positions: Tensor, within: Tensor, kv_len: int, meta: AttentionMeta | None = None,
-             rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def run_layers(self, h: Tensor, positions: Tensor, within: Tensor, kv_len: int, meta: AttentionMeta | None = None,
+             rope: tuple[Tensor, Tensor] | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """h [1, Q, d] at positions [1, Q] with within-block mask [Q, Q], reading `kv_len` cache slots ->
-        last layer's output [1, Q, d]; the rows' K/V go to slots length .. length+Q-1. `meta`: an
+        the last layer's residual stream (x, delta) [1, Q, d] (`DecoderLayer.step`: the sum is the
+        output, left to the norm after it); the rows' K/V go to slots length .. length+Q-1. `meta`: an
         attention plan of the same read over a cache of this one's length (its mask is reused); rope:
-        `model.rope(positions)` if the caller has it."""
+        `model.rope(positions)`, slots: those slots [1, Q], if the caller has them."""
         q = h.shape[1]
         cos, sin = rope if rope is not None else self.model.rope(positions)
-        slots = self.cache.lengths[:, None] + torch.arange(q, device=h.device)  # [1, Q]
+        if slots is None:
+            slots = self.cache.lengths[:, None] + torch.arange(q, device=h.device)  # [1, Q]
         if meta is None:
             meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=within[None], kv_len=kv_len)
-        x = h.to(self.model.embed.weight.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, self.cache.k[i], self.cache.v[i], slots, meta, sdpa_attention, self.model.ops)
-        return x
+        return cached_layers(self.layers, self.cache, h, (cos, sin), slots, meta, self.model)
 
     def _host_kv_len(self, q: int) -> int:
         """Slots a host-driven call over q rows reads (a host read of the length), checked."""
@@ -69,18 +82,22 @@ class SliceDecoder:
             return
         if self.layers:
             causal = torch.ones(k, k, dtype=torch.bool, device=h_top.device).tril_()
-            self._run(h_top, (self.cache.lengths[:, None] + torch.arange(k, device=h_top.device)), causal,
+            self.run_layers(h_top, (self.cache.lengths[:, None] + torch.arange(k, device=h_top.device)), causal,
                       self._host_kv_len(k))
         self.cache.advance(k)
 
-    def write(self, h_top: Tensor, count: Tensor, kv_len: int) -> None:
+    def write(self, h_top: Tensor, count: Tensor, kv_len: int, rope: tuple[Tensor, Tensor] | None = None,
+              slots: Tensor | None = None) -> None:
         """`extend` without a host read (the device round): the next committed positions' true top-tap
         states h_top [1, P, d], of which the first count [1] are real (the rest land past the new
-        length, free); `kv_len` slots are read (>= length + P)."""
+        length, free); `kv_len` slots are read (>= length + P). slots: length .. length+P-1 [1, P] (their
+        positions too) and rope `model.rope(slots)`, if the caller has them."""
         p = h_top.shape[1]
         if self.layers:
             causal = torch.ones(p, p, dtype=torch.bool, device=h_top.device).tril_()
-            self._run(h_top, self.cache.lengths[:, None] + torch.arange(p, device=h_top.device), causal, kv_len)
+            if slots is None:
+                slots = self.cache.lengths[:, None] + torch.arange(p, device=h_top.device)
+            self.run_layers(h_top, slots, causal, kv_len, rope=rope, slots=slots)
         self.cache.advance_device(count)
 
     def truncate(self, length: int) -> None:
@@ -88,14 +105,21 @@ class SliceDecoder:
         self.cache.truncate(length)
 
     def read(self, h_top: Tensor, depth: Tensor, within: Tensor, kv_len: int | None = None,
-             meta: AttentionMeta | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+             meta: AttentionMeta | None = None, rope: tuple[Tensor, Tensor] | None = None,
+             slots: Tensor | None = None) -> Tensor:
         """Block states h_top [1, Q, d] at positions length + depth [Q], within-block mask [Q, Q] ->
         logits [Q, V] (fp32): row j is p̂ of the token after block row j. kv_len: the slots read (None:
         length + Q, a host read; the device round passes its own, and may pass the read's attention plan
-        `meta` and `rope`, `model.rope` of those positions)."""
-        positions = (self.cache.lengths + depth)[None]
+        `meta`, `rope` (`model.rope` of those positions) and the scratch `slots` [1, Q])."""
+        positions = (self.cache.lengths + depth)[None] if rope is None else depth  # positions: read for RoPE only
         if kv_len is None:
             kv_len = self._host_kv_len(h_top.shape[1])
-        x = self._run(h_top, positions, within, kv_len, meta, rope) if self.layers else \
-            h_top.to(self.model.embed.weight.dtype)
-        return self.model.lm_head(self.model.norm(x))[0].float()
+        x, delta = self.run_layers(h_top, positions, within, kv_len, meta, rope, slots) if self.layers else \
+            (h_top.to(self.model.embed.weight.dtype), None)
+        return self.head(x, delta)[0].float()
+
+    def head(self, x: Tensor, delta: Tensor | None) -> Tensor:
+        """The target's final norm and LM head on the residual stream x + delta [..., d] -> logits [..., V]
+        (one fused op, as the target's own forward ends)."""
+        m = self.model
+        return m.ops.add_rmsnorm_linear(x, delta, m.norm.weight, m.norm.eps, m.lm_head.weight, None)[0]

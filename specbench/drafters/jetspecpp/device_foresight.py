@@ -95,14 +95,13 @@ class DeviceForesight:
         slots = d._kv_len(state, n)
         plan = ds.plan(tree.depth, tree.ancestor_mask, slots)  # one mask and RoPE for every tap's adapter and the decoder
         states = ds.block(tree.tokens, tree.depth, tree.ancestor_mask, d.taps, slots, plan)  # tap -> [1, N, d]
-        logits = ds.decoder.read(states[d.top], tree.depth, tree.ancestor_mask, slots, plan.meta, plan.rope)  # [N, V]
+        logits = ds.decoder.read(states[d.top], tree.depth, tree.ancestor_mask, slots, plan.meta.rows(1), plan.rope,
+                                 plan.slots)  # [N, V]
         law = self.decoder_law(logits, tree, min(logits.shape[-1], f.B + n))
         sel = select(f.rule, law, tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, f.B, lam=f.lam,
                      ratio=f.ratio)
-        ctx = Context(length=ds.decoder.cache.lengths, slots=slots, tree_slots=slots,
-                      adapter_kv=[(c.k[i, :, :, :slots], c.v[i, :, :, :slots])
-                                  for c in (ds.caches[d.top],) for i in range(c.k.shape[0])],
-                      decoder=ds.decoder)
+        ctx = Context(length=ds.decoder.cache.lengths, kv_len=d._kv_len(state, n + f.B * d.block_size),
+                      adapter=ds.tap_cache(d.top), decoder=ds.decoder, nodes=plan)
         blocks, _ = OutcomeBatch(d, state, tree, states, sel.nodes, sel.tokens, ctx).refined_logp()  # [B, D, V]
         trees = policy.build_batch(sel.tokens, blocks, budget)  # [B, N']: one batched build, not B
         key_len, key_tokens = outcome_keys(tree, sel.nodes)

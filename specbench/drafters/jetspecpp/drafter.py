@@ -66,6 +66,8 @@ sequential | concurrent), record (keep a `RoundRecord` per round for the offline
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -73,7 +75,7 @@ from specbench.config import SamplingConfig
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import DraftState, Phase
 from specbench.drafters.heads.backbone import DraftHead
-from specbench.drafters.heads.drafter import HeadDrafter, random_head
+from specbench.drafters.heads.drafter import BlockPlan, HeadDrafter, random_head
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.jetspecpp.adapter import AdapterConfig, ContextCache, StateAdapter
 from specbench.drafters.jetspecpp.calibration import RowTemperature
@@ -164,6 +166,7 @@ class JetSpecPPDrafter(HeadDrafter):
         self._branch = "miss"  # the device foresight round's next drafting stages: "hit" (served) or "miss"
         self._drafted = False  # a round was drafted in this request (so the next could be a hit)
         self.request: DraftState | None = None  # the request begun (its committed length sizes CPU reads)
+        self.tables: dict[tuple, Tensor] = {}  # static index tables and masks of the shapes run (`table`)
 
     def _foresight(self, mode: str | bool, B: int, select: str, scores: str, lam: float | None,
                    calibration: str | RowTemperature | None, ratio: float, record: bool) -> Foresight | None:
@@ -261,7 +264,7 @@ class JetSpecPPDrafter(HeadDrafter):
             self._branch, self._drafted = "miss", False
         if self.on_device:  # only the refreshes and the foresight stage read block states there
             return self._begin_device(state, prefill, max_seq_len) if self.R > 0 or self.device_foresight else None
-        slots = max_seq_len + self.block_size  # block reads write after the committed positions
+        slots = max_seq_len + self.block_size + self._foresight_slots()  # block reads write after the committed positions
         if self.decoder is None or self.decoder.cache.max_seq_len < slots:
             self.decoder = SliceDecoder(self.target, self.top, slots)
             if self.states == "predicted":
@@ -278,7 +281,7 @@ class JetSpecPPDrafter(HeadDrafter):
 
     def _begin_device(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         """The device round's state caches, sized once, fed the prompt's positions."""
-        slots = max_seq_len + 2 * self.max_path + self.block_size  # as the draft cache: scratch past the prefix
+        slots = max_seq_len + self.scratch_slots()  # as the draft cache: scratch past the prefix
         if self.device_states is None or self.device_states.max_seq_len < slots:
             taps = tuple(self.taps) if self.device_foresight is not None else (self.top,)  # the head reads every tap's
             self.device_states = DeviceStates(self.target, self.adapter, self.states, taps, self.top, slots)
@@ -286,6 +289,21 @@ class JetSpecPPDrafter(HeadDrafter):
         n = prefill.hidden[self.top].shape[1]
         tokens = torch.tensor(state.tokens[:n], dtype=torch.long, device=self.target.device)
         self.device_states.commit(prefill.hidden, tokens, torch.full((1,), n, dtype=torch.long, device=tokens.device), n)
+
+    def table(self, key: tuple, build: Callable[[], Tensor]) -> Tensor:
+        """A tensor that depends on shapes only (a block pattern, an index table: `key` names it), built by
+        `build` the first time and kept, so a round's stages read it instead of computing it (on the GPU
+        the first, eager round builds it; captured replays read the same tensor)."""
+        if key not in self.tables:
+            self.tables[key] = build()
+        return self.tables[key]
+
+    def _foresight_slots(self) -> int:
+        """Scratch slots the foresight blocks take past the tree's (`foresight.OutcomeBatch`: B x b flat rows)."""
+        return self.foresight.B * self.block_size if self.foresight is not None and self.foresight.mode == "on" else 0
+
+    def scratch_slots(self) -> int:
+        return super().scratch_slots() + self._foresight_slots()
 
     def _device_states(self) -> DeviceStates:
         if self.device_states is None:
@@ -377,10 +395,13 @@ class JetSpecPPDrafter(HeadDrafter):
                 for t in taps}
 
     @torch.no_grad()
-    def decoder_logits(self, state: DraftState, tokens: Tensor, depth: Tensor, within: Tensor) -> Tensor:
-        """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j)."""
+    def decoder_logits(self, state: DraftState, tokens: Tensor, depth: Tensor, within: Tensor,
+                       plan: BlockPlan | None = None) -> Tensor:
+        """[Q, V] fp32 logits of p̂(.|row) from the top tap's block states (row j: the token after row j);
+        plan: the device round's plan of this read (`DeviceStates.plan`), if the caller has it."""
         if self.on_device:
-            return self._device_states().decoder_logits(tokens, depth, within, self._kv_len(state, tokens.shape[0]))
+            return self._device_states().decoder_logits(tokens, depth, within, self._kv_len(state, tokens.shape[0]),
+                                                        plan)
         h_top = self.block_states(state, tokens, depth, within, taps=(self.top,))[self.top]
         return self.decoder.read(h_top, depth, within)
 
@@ -394,38 +415,51 @@ class JetSpecPPDrafter(HeadDrafter):
         probs = process_logits(logits, sampling) if sampling is not None and not sampling.greedy else logits.softmax(-1)
         return outcome_distribution(drafts, probs)
 
-    def refresh(self, state: DraftState, drafts: Tensor) -> tuple[Tensor, Tensor]:
+    def refresh(self, state: DraftState, drafts: Tensor, plan: BlockPlan | None = None) -> tuple[Tensor, Tensor]:
         """Context refresh of drafts [D]: (drafts, with the decoder's token at depth k̂+1 when
-        `replace`; k̂ as a 0-dim tensor). On the device, no host read."""
+        `replace`; k̂ as a 0-dim tensor). On the device, no host read; plan: the device round's plan of
+        the block read (`_draft_plan`), if the caller has it."""
         dev = drafts.device
         b = drafts.shape[0] + 1
         tokens = torch.cat([state.anchor_on(dev), drafts])
-        logits = self.decoder_logits(state, tokens, torch.arange(b, device=dev), block_pattern(b, "block-causal", dev))
+        within = plan.meta.tree_mask[0] if plan is not None else block_pattern(b, "block-causal", dev)
+        depth = self.table(("arange", b), lambda: torch.arange(b, device=dev))
+        logits = self.decoder_logits(state, tokens, depth, within, plan)
         top1 = logits.max(dim=-1).indices[:-1]  # [D]: row i predicts depth i+1
         k_hat = (top1 == drafts).long().cumprod(0).sum()
         if self.replace:
-            drafts = torch.where(torch.arange(b - 1, device=dev) == k_hat, top1, drafts)
+            drafts = torch.where(depth[:-1] == k_hat, top1, drafts)
         return drafts, k_hat
 
     # ---- drafting ------------------------------------------------------------------------------
     def refined_logp(self, state: DraftState) -> Tensor:
-        """The last pass's per-depth log-probs [D, V] after J0 and J refinement passes."""
+        """The last pass's per-depth log-probs [D, V] after J0 and J refinement passes, every pass over the
+        same rows: one plan (mask, RoPE, slots) for all (`_draft_plan`)."""
         b, dev = self.block_size, self.target.device
-        logp = self.block_logp(state)  # J0: [D, V]
+        depth = self.table(("arange", b), lambda: torch.arange(b, device=dev))
+        within = self.table(("block pattern", b, self.attention), lambda: block_pattern(b, self.attention, dev))
+        plan, refresh_plan = self._draft_plan(state, depth, within)
+        logp = self.block_logp(state, plan)  # J0: [D, V]
         drafts = logp.max(dim=-1).indices  # first maximal index: the chain policy's tie rule
-        depth = torch.arange(b, device=dev)
-        within = block_pattern(b, self.attention, dev)
-        tokens_only = torch.zeros(b, dtype=torch.bool, device=dev)
         k_hats: list[Tensor] = []
         for j in range(1, self.J + 1):
             if j <= self.R:
-                drafts, k_hat = self.refresh(state, drafts)
+                drafts, k_hat = self.refresh(state, drafts, refresh_plan)
                 k_hats.append(k_hat)
             inputs = torch.cat([state.anchor_on(dev), drafts])
-            logp = self.run_block(state, inputs, tokens_only, depth, within)[1:]
+            logp = self.run_block(state, inputs, None, depth, within, plan)[1:]
             drafts = logp.max(dim=-1).indices
         self.last_round = {"k_hat": k_hats}
         return logp
+
+    def _draft_plan(self, state: DraftState, depth: Tensor, within: Tensor) -> tuple[BlockPlan, BlockPlan | None]:
+        """(the head passes' plan, the refreshes' or None): in the device round with block-causal heads one
+        plan over the block's rows serves the head, the top tap's adapter and the decoder (their caches
+        move together); otherwise the head's own (`block_plan`) and None (the refresh plans its read)."""
+        if self.on_device and self.device_states is not None and self.R > 0 and self.attention == "block-causal":
+            plan = self.device_states.plan(depth, within, self._kv_len(state, depth.shape[0]), batch=1)
+            return plan, plan
+        return self.block_plan(state, depth, within), None
 
     def phases(self, state: DraftState, policy: TreePolicy, budget: int) -> list[Phase]:
         """The device round's stages (refined scores, then the tree), else `draft` as one stage."""

@@ -2,31 +2,37 @@
 the block under verification, in one batched pass of the draft model per step (J0, each refresh, each
 Jacobi pass).
 
-Outcome b = (node u_b, bonus a_b) commits the tree's root and the path to u_b, so its next block
+Outcome o = (node u_o, bonus a_o) commits the tree's root and the path to u_o, so its next block
 reads the verified context (positions < n) followed by those nodes' *predicted* tapped states (the
-adapter's, or the stale / true ablations) at positions n + depth, and starts with anchor a_b at
-position n + depth(u_b) + 1. The predicted states of every tree node are computed once per round
+adapter's, or the stale / true ablations) at positions n + depth, and starts with anchor a_o at
+position n + depth(u_o) + 1. The predicted states of every tree node are computed once per round
 (they depend only on the block's tokens), so the B outcomes share one key/value set
-[committed n ; tree nodes N] and differ only in which tree nodes they may see (u_b's ancestors,
-a row of the tree's ancestor mask) and in their own block:
+[committed n ; tree nodes N] and differ only in which tree nodes they may see (u_o's ancestors,
+a row of the tree's ancestor mask) and in their own block.
 
-    mask[b] = [ ones(n) | ancestors(u_b) | block pattern ]            # [b_rows, n + N + b_rows]
+The B blocks run as one flat row set of Q = B x b rows (row r: outcome r // b, offset r % b) in every
+cache it reads, batch 1, as a tree is verified: each cache holds [committed n | the tree nodes' K/V
+at n + node | the blocks' K/V at n + N + r] (scratch past the committed slots), and one mask over its
+slots serves every pass and layer:
 
-(`slot_mask`: the same over whole caches of static size, the committed part and the tree nodes' slots
-found from the committed length on the device, so the device round's foresight stage is capturable.)
+    mask[r] = [ ones(n) | ancestors(u_o) | block pattern of row r within block o ]   # [Q, n + N + Q]
 
-The draft head reads the committed context K/V from its cache and the tree nodes' from their
-predicted features; the refresh's adapter and decoder (and the `true` oracle) read their committed
-K/V from their own caches and the tree nodes' from the slots the round's P̂ read (or oracle pass)
-just wrote there (`SliceDecoder.read` leaves the block's K/V in the slots after the committed ones).
-On true states this is exactly the critical-path draft after that outcome (tested), and on predicted
-states it is the critical-path draft with the predicted states in place of the true ones.
+(over whole caches of static size in the device round, the committed part and the scratch placed from
+the committed length on the device, so the foresight stage is capturable; `flat_mask`). No cache is
+copied per outcome and nothing is concatenated per layer.
+
+The draft head and the refresh's adapter get the tree nodes' context K/V from their predicted states
+(written into the scratch); the decoder (and the `true` oracle) find them where the round's P̂ read
+(or oracle pass) just left them (`SliceDecoder.read` leaves the block's K/V in the slots after the
+committed ones). On true states this is exactly the critical-path draft after that outcome (tested),
+and on predicted states it is the critical-path draft with the predicted states in place of the true
+ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -34,131 +40,110 @@ from torch import Tensor
 from specbench.drafters.base import DraftState
 from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.masks import block_pattern
-from specbench.drafters.jetspecpp.decoder import SliceDecoder
-from specbench.models.decoder import AttentionMeta, DecoderLayer, KVCache, masked_sdpa
+from specbench.drafters.heads.drafter import BlockPlan
+from specbench.drafters.jetspecpp.decoder import SliceDecoder, cached_layers
+from specbench.models.decoder import AttentionMeta, KVCache, sdpa_attention
 from specbench.trees.base import DraftTree
 
 if TYPE_CHECKING:
     from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 
 
-def slot_mask(slots: int, length: Tensor, ancestors: Tensor | None = None) -> Tensor:
-    """[B, slots] (B = 1 without ancestors): the committed slots (< length [1]) and, with ancestors
-    [B, N], tree node i at slot length + i where it is an ancestor of the outcome's node (where a block
-    read left the tree's K/V). Static shapes: the device round reads whole caches."""
-    s = torch.arange(slots, device=length.device)
-    committed = (s < length)[None]  # [1, S]
-    if ancestors is None:
-        return committed
-    n = ancestors.shape[1]
-    node = s - length  # [S]
-    in_tree = (node >= 0) & (node < n)
-    placed = ancestors[:, node.clamp(0, n - 1)] & in_tree[None]  # [B, S]
-    return committed | placed
+def flat_pattern(count: int, b: int, pattern: str, device: torch.device | str) -> Tensor:
+    """The within-block mask of `count` blocks of b rows as one flat row set, padded: [Q, 1 + Q + 1]
+    (Q = count x b) = [ones | block-diagonal: row r sees row r' iff both are rows of one block and its
+    `pattern` lets it | zeros] (`flat_mask`'s committed and free columns around the flat rows')."""
+    within = block_pattern(b, pattern, device)
+    same = torch.eye(count, dtype=torch.bool, device=device)
+    flat = (same[:, None, :, None] & within[None, :, None, :]).reshape(count * b, count * b)
+    ones = torch.ones(count * b, 1, dtype=torch.bool, device=device)
+    return torch.cat([ones, flat, ~ones], dim=1)
+
+
+def flat_mask(length: Tensor, after: Tensor, ancestors: Tensor, padded: Tensor) -> Tensor:
+    """[1, 1, Q, S] the flat rows' mask over a cache's slots (module docstring): the committed slots
+    (< length [1]), tree node j at length + j where it is an ancestor of the row's outcome node
+    (ancestors [Q, N]: the row's outcome's row of the ancestor mask), flat row r' at length + N + r'
+    where the block pattern lets it (padded: `flat_pattern`). after [S]: 1 .. S (slot + 1). One gather
+    from the rows' keys [committed | tree nodes | flat rows | free]."""
+    q, n = ancestors.shape
+    keys = torch.cat([padded[:, :1], ancestors, padded[:, 1:]], dim=1)  # [Q, 1 + N + Q + 1]
+    return keys[:, (after - length).clamp(0, n + q + 1)][None, None]
 
 
 @dataclass
 class Context:
-    """Where an outcome batch reads the committed context: `length` [1] committed positions (a device
-    tensor), `slots` the leading slots of the draft head's and the adapter's caches it reads (those
-    at or past length are masked out), `tree_slots` the decoder's (the tree nodes' K/V at length +
-    node), the top tap adapter's committed K/V per layer (`slots` wide) and the decoder. The host
-    round reads exactly the filled slots (`host_context`); the device round whole caches."""
+    """Where an outcome batch reads: `length` [1] committed positions (a device tensor), `kv_len` the
+    leading slots every pass reads of every cache (>= length + N + Q; those past the flat rows' are
+    masked out), the top tap adapter module's context cache (states=predicted) and the decoder. The
+    host round reads exactly the filled slots (`host_context`); the device round whole caches. nodes:
+    the P̂ read's plan (the tree nodes' positions, cos/sin and slots), if the caller has it."""
 
     length: Tensor
-    slots: int
-    tree_slots: int
-    adapter_kv: list[tuple[Tensor, Tensor]] | None
+    kv_len: int
+    adapter: KVCache | None
     decoder: SliceDecoder | None
+    nodes: BlockPlan | None = None
 
 
-def host_context(drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree) -> Context:
-    """The host round's context: the committed positions of `state`, the drafter's host-side caches."""
+def host_context(drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree, count: int) -> Context:
+    """The host round's context for `count` outcomes: the committed positions of `state`, the drafter's
+    host-side caches."""
     n = state.cache_len
-    kv = drafter.adapter_caches[drafter.top].kv() if drafter.adapter_caches else None
-    return Context(length=torch.full((1,), n, dtype=torch.long, device=tree.tokens.device), slots=n,
-                   tree_slots=n + tree.num_nodes, adapter_kv=kv, decoder=drafter.decoder)
-
-
-def shared_layers(layers: Sequence[DecoderLayer], cache: KVCache, shared: int, x: Tensor, positions: Tensor,
-                  mask: Tensor, model, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:  # type: ignore[no-untyped-def]
-    """B blocks x [B, Q, d] at positions [B, Q] through decoder layers whose keys are the first `shared`
-    slots of a batch-1 cache (layer i = cache layer i, the same for every block) followed by each
-    block's own K/V, under mask [B, Q, shared + Q], with the model's layer ops (fused on CUDA, as the
-    target's own forward; rope: `model.rope(positions)` if the caller has it). Returns the last layer's
-    output [B, Q, d]."""
-    b, q = x.shape[:2]
-    cos, sin = rope if rope is not None else model.rope(positions)
-    heads, dim = cache.k.shape[2], cache.k.shape[4]
-    slots = torch.arange(q, device=x.device)[None].expand(b, q)
-    meta = AttentionMeta(lengths=slots[:, 0], tree_mask=mask[:, :, shared:], kv_len=q)  # lengths 0 (a view of slots)
-    attn_mask = mask[:, None]  # [B, 1, Q, shared + Q]
-    x = x.to(model.embed.weight.dtype)
-    for i, layer in enumerate(layers):
-        k_new = torch.empty(b, heads, q, dim, dtype=cache.k.dtype, device=x.device)
-        v_new = torch.empty_like(k_new)
-        k_old, v_old = cache.k[i, :, :, :shared], cache.v[i, :, :, :shared]  # [1, Hkv, shared, D]
-
-        def attend(qh: Tensor, k: Tensor, v: Tensor, _meta: AttentionMeta, scale: float,
-                   k_old: Tensor = k_old, v_old: Tensor = v_old) -> Tensor:
-            keys = torch.cat([k_old.expand(b, -1, -1, -1), k], dim=2)
-            values = torch.cat([v_old.expand(b, -1, -1, -1), v], dim=2)
-            return masked_sdpa(qh, keys, values, attn_mask, scale)
-
-        x = layer(x, cos, sin, k_new, v_new, slots, meta, attend, model.ops)
-    return x
+    cache = drafter.adapter_caches[drafter.top].cache if drafter.adapter_caches else None
+    return Context(length=torch.full((1,), n, dtype=torch.long, device=tree.tokens.device),
+                   kv_len=n + tree.num_nodes + count * drafter.block_size, adapter=cache, decoder=drafter.decoder)
 
 
 class OutcomeBatch:
     """The shared pieces of one round's foresight pass: outcomes (nodes [B], bonus [B]) of `tree`,
-    whose nodes' predicted tapped states are `states` (tap -> [1, N, d])."""
+    whose nodes' predicted tapped states are `states` (tap -> [1, N, d]), as Q = B x b flat rows."""
 
     def __init__(self, drafter: "JetSpecPPDrafter", state: DraftState, tree: DraftTree, states: dict[int, Tensor],
                  nodes: Tensor, bonus: Tensor, context: Context | None = None) -> None:
         self.drafter, self.state, self.tree, self.states = drafter, state, tree, states
         self.nodes, self.bonus = nodes, bonus
-        ctx = self.context = context if context is not None else host_context(drafter, state, tree)
-        dev = nodes.device
-        self.n, self.size = state.cache_len, tree.num_nodes
-        b = drafter.block_size
-        self.offsets = torch.arange(b, device=dev)
-        self.positions = (ctx.length + tree.depth[nodes] + 1)[:, None] + self.offsets  # [B, b]
-        self.ancestors = tree.ancestor_mask[nodes]  # [B, N]
-        self.node_positions = (ctx.length + tree.depth)[None]  # [1, N]
-        count = self.positions.shape[0]
-        committed = slot_mask(ctx.slots, ctx.length).expand(count, -1)  # [B, S]
-        placed = slot_mask(ctx.tree_slots, ctx.length, self.ancestors)  # [B, S']
-
-        patterns: dict[str, Tensor] = {}  # within-block masks, built once per pattern
-
-        def rows(context: Tensor, pattern: str) -> Tensor:  # [B, b, C + b]
-            if pattern not in patterns:
-                patterns[pattern] = block_pattern(b, pattern, dev)
-            within = patterns[pattern]
-            return torch.cat([context[:, None, :].expand(count, b, -1), within[None].expand(count, b, b)], dim=2)
-
-        seen = torch.cat([committed, self.ancestors], dim=1)  # [B, S + N]
-        self.head_mask = rows(seen, drafter.attention)  # keys: cache | tree | block
-        self.adapter_mask = self.head_mask if drafter.attention == "block-causal" else rows(seen, "block-causal")
-        self.causal_mask = rows(placed, "block-causal")  # keys: cache slots (tree nodes inside) | block
-        model, head = drafter.target.model, drafter.head
-        feats = torch.cat([states[t] for t in drafter.taps], dim=-1)  # [1, N, m*d]
-        cache = drafter.cache
-        assert cache is not None
-        ext = head.context_kv(feats, self.node_positions, model, fused=True)
+        count, b, n = nodes.shape[0], drafter.block_size, tree.num_nodes
+        ctx = self.context = context if context is not None else host_context(drafter, state, tree, count)
+        dev, model = nodes.device, drafter.target.model
+        caches = [drafter.cache, ctx.adapter, ctx.decoder.cache if ctx.decoder is not None else None, drafter.oracle]
+        short = [c.max_seq_len for c in caches if c is not None and c.max_seq_len < ctx.kv_len]
+        if short:
+            raise RuntimeError(f"foresight reads {ctx.kv_len} cache slots, a cache holds {short[0]}: begin() sizes the "
+                               f"caches for B = {count} blocks")
+        q = count * b
+        table = drafter.table
+        self.offsets = table(("arange", b), lambda: torch.arange(b, device=dev))
+        if ctx.nodes is not None:
+            self.node_positions, node_rope, self.node_slots = ctx.nodes.positions, ctx.nodes.rope, ctx.nodes.slots
+        else:
+            self.node_positions, node_rope = (ctx.length + tree.depth)[None], None  # [1, N]
+            self.node_slots = ctx.length[:, None] + torch.arange(n, device=dev)  # [1, N]
+        self.node_rope = node_rope if node_rope is None or node_rope[0].dtype == drafter.head.dtype else None
+        after = table(("arange", 1, b + 1), lambda: torch.arange(1, b + 1, device=dev))
+        self.positions = (self.node_positions[0, nodes][:, None] + after).view(1, q)  # [1, Q]: depth(u) + 1 + offset
+        self.slots = ctx.length + table(("arange", n, n + q), lambda: torch.arange(n, n + q, device=dev)[None])  # [1, Q]
+        self.is_mask = table(("flat mask rows", count, b), lambda: (torch.arange(q, device=dev) % b > 0)[None])  # J0's
+        self.shape = (count, b)
         self._ropes: dict[torch.dtype, tuple[Tensor, Tensor]] = {}  # every pass runs at `positions`
-        s = ctx.slots
-        self.head_kv = [(torch.cat([cache.k[i, :, :, :s], k], dim=2).expand(count, -1, -1, -1),
-                         torch.cat([cache.v[i, :, :, :s], v], dim=2).expand(count, -1, -1, -1))
-                        for i, (k, v) in enumerate(ext)]
+        rows = tree.ancestor_mask[nodes.repeat_interleave(b)]  # [Q, N]: each flat row's outcome's ancestors
+        s = drafter.cache.max_seq_len  # type: ignore[union-attr]
+        slot_after = table(("arange", 1, s + 1), lambda: torch.arange(1, s + 1, device=dev))[: ctx.kv_len]
+        self._metas: dict[str, AttentionMeta] = {}
 
-    def head_logp(self, tokens: Tensor, is_mask: Tensor) -> Tensor:
-        """One batched head pass: tokens, is_mask [B, b] -> log-probs [B, b, V] (fp32)."""
-        d = self.drafter
-        model = d.target.model
-        x = d.head.embed_block(tokens, is_mask, model)
-        hidden = d.head.forward_fused(x, self.positions, self.head_kv, self.head_mask, model, self.rope(d.head))
-        return torch.log_softmax(d.head.logits(hidden, model.lm_head.weight).float(), dim=-1)
+        def meta(pattern: str) -> AttentionMeta:  # one per block pattern, shared by every pass and layer
+            if pattern not in self._metas:
+                padded = table(("flat pattern", count, b, pattern), lambda: flat_pattern(count, b, pattern, dev))
+                self._metas[pattern] = AttentionMeta(lengths=ctx.length, tree_mask=padded[None, :, 1: q + 1],
+                                                     kv_len=ctx.kv_len,
+                                                     dense_mask=flat_mask(ctx.length, slot_after, rows, padded))
+            return self._metas[pattern]
+
+        self.head_meta, self.causal_meta = meta(drafter.attention), meta("block-causal")
+        feats = torch.cat([states[t] for t in drafter.taps], dim=-1)  # [1, N, m*d]
+        assert drafter.cache is not None
+        drafter.head.write_context(feats, self.node_positions, drafter.cache, model, slots=self.node_slots,
+                                   rope=self.node_rope, fused=True)  # the tree nodes' head K/V, into the scratch
 
     def rope(self, net: DraftHead | None = None) -> tuple[Tensor, Tensor]:
         """cos, sin at `positions` in `net`'s dtype (None: the target's), once per dtype for every pass of
@@ -169,38 +154,46 @@ class OutcomeBatch:
             self._ropes[dtype] = net.rope(self.positions, model) if net is not None else model.rope(self.positions)
         return self._ropes[dtype]
 
-    def top_states(self, tokens: Tensor) -> Tensor:
-        """The top tap's states [B, b, d] of each outcome's block `tokens` [B, b], from the drafter's
-        state source, over that outcome's context."""
+    def head_logp(self, tokens: Tensor, is_mask: Tensor | None) -> Tensor:
+        """One batched head pass: tokens, is_mask [B, b] (None: no MASK row) -> log-probs [B, b, V] (fp32)."""
         d = self.drafter
-        model, top = d.target.model, d.top
-        count = tokens.shape[0]
-        if d.states == "stale":
+        model = d.target.model
+        q = tokens.numel()
+        x = d.head.embed_block(tokens.reshape(1, q), None if is_mask is None else is_mask.reshape(1, q), model)
+        hidden = d.head.forward_cached(x, self.positions, d.cache, self.head_meta, model, self.rope(d.head),  # type: ignore[arg-type]
+                                       self.slots, sdpa_attention)
+        return torch.log_softmax(d.head.logits(hidden, model.lm_head.weight).float(), dim=-1).view(*self.shape, -1)
+
+    def top_states(self, tokens: Tensor) -> Tensor:
+        """The top tap's states [1, Q, d] of the outcomes' block `tokens` [B, b] (flat), from the drafter's
+        state source, over each outcome's context."""
+        d = self.drafter
+        model, top, meta = d.target.model, d.top, self.causal_meta
+        q = tokens.numel()
+        if d.states == "stale":  # the ablations run in the host round
             assert d.last_verified is not None
-            return d._tap_slice(d.last_verified, top).expand(count, tokens.shape[1], -1)
+            return d._tap_slice(d.last_verified, top).expand(1, q, -1)
         if d.states == "true":
             assert d.oracle is not None
-            x = model.embed(tokens)
-            return shared_layers(model.layers[: top + 1], d.oracle, self.context.tree_slots, x, self.positions,
-                                 self.causal_mask, model, self.rope())
+            x, delta = cached_layers(model.layers[: top + 1], d.oracle, model.embed(tokens.reshape(1, q)), self.rope(),
+                                     self.slots, meta, model)
+            return x + delta if delta is not None else x
         tap = d.adapter.tap(top)  # type: ignore[union-attr]
-        ext = tap.context_kv(self.states[top], self.node_positions, model, fused=True)
-        committed = self.context.adapter_kv
-        assert committed is not None
-        kv = [(torch.cat([ck, k], dim=2).expand(count, -1, -1, -1), torch.cat([cv, v], dim=2).expand(count, -1, -1, -1))
-              for (ck, cv), (k, v) in zip(committed, ext)]
-        return tap(tokens, self.positions, kv, self.adapter_mask, model, rope=self.rope(tap.net), fused=True)
+        cache = self.context.adapter
+        assert cache is not None
+        tap.net.write_context(self.states[top], self.node_positions, cache, model, slots=self.node_slots,
+                              rope=self.node_rope, fused=True)  # the tree nodes' adapter K/V, into the scratch
+        return tap.forward_cached(tokens.reshape(1, q), self.positions, cache, meta, model, self.rope(tap.net),
+                                  self.slots, sdpa_attention)
 
     def decoder_logits(self, h_top: Tensor) -> Tensor:
-        """p̂ logits [B, b, V] (fp32) of the blocks' top-tap states [B, b, d]: the decoder slice over
+        """p̂ logits [B, b, V] (fp32) of the blocks' top-tap states [1, Q, d]: the decoder slice over
         the committed positions and each outcome's tree path (K/V left by the round's P̂ read)."""
         d = self.drafter
         dec, model = self.context.decoder, d.target.model
         assert dec is not None
-        x = shared_layers(dec.layers, dec.cache, self.context.tree_slots, h_top, self.positions, self.causal_mask, model,
-                          self.rope()) \
-            if dec.layers else h_top.to(model.embed.weight.dtype)
-        return model.lm_head(model.norm(x)).float()
+        x, delta = cached_layers(dec.layers, dec.cache, h_top, self.rope(), self.slots, self.causal_meta, model)
+        return dec.head(x, delta).float().view(*self.shape, -1)
 
     def refresh(self, drafts: Tensor) -> tuple[Tensor, Tensor]:
         """`JetSpecPPDrafter.refresh` for every outcome: drafts [B, D] -> (drafts with the decoder's
@@ -217,16 +210,15 @@ class OutcomeBatch:
         """J0, then for j = 1..J (refresh j <= R first) a Jacobi pass, as `JetSpecPPDrafter.refined_logp`
         does for one block: the last pass's per-depth log-probs [B, D, V] and k̂ [B] per refresh."""
         d = self.drafter
-        count, b = self.bonus.shape[0], d.block_size
+        count, b = self.shape
         tokens = self.bonus[:, None].expand(count, b)
-        logp = self.head_logp(tokens, (self.offsets > 0)[None].expand(count, b))[:, 1:]  # J0
+        logp = self.head_logp(tokens, self.is_mask)[:, 1:]  # J0
         drafts = logp.max(dim=-1).indices
-        no_mask = torch.zeros(count, b, dtype=torch.bool, device=tokens.device)
         k_hats: list[Tensor] = []
         for j in range(1, d.J + 1):
             if j <= d.R:
                 drafts, k_hat = self.refresh(drafts)
                 k_hats.append(k_hat)
-            logp = self.head_logp(torch.cat([self.bonus[:, None], drafts], dim=1), no_mask)[:, 1:]
+            logp = self.head_logp(torch.cat([self.bonus[:, None], drafts], dim=1), None)[:, 1:]
             drafts = logp.max(dim=-1).indices
         return logp, k_hats
