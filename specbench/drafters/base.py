@@ -90,9 +90,12 @@ class Weights:
     """Where a drafter's trained weights come from: without drafter_args checkpoint=DIR it loads the
     head shipped in specbench/heads/<drafter>-<target>/ (`shipped_dir`); `train` is the command that
     trains one ("{drafter}" stands for the drafter's name). random_init=True builds an untrained
-    instance instead (tests, cost measurements)."""
+    instance instead (tests, cost measurements). `calibrate`: the drafter_args under which drafting
+    reads every trained weight (what `specbench head-convert --calibrate` drafts with to round the head
+    to int4 by GPTQ on its own inputs)."""
 
     train: str
+    calibrate: dict[str, Any] = field(default_factory=dict)
 
     def train_command(self, drafter: str) -> str:
         return self.train.format(drafter=drafter)

@@ -2,9 +2,9 @@
 on the head's own inputs (specbench/drafters/heads/gptq.py says why).
 
 Calibration drafts by exact replay (specbench.bench.replay) on the greedy continuations of training
-prompts (GSM8K train, MBPP train, ShareGPT: never an evaluation item), with the drafter's default
-arguments, so every part of the head that drafting uses sees the inputs it sees when drafting
-(jetspec++'s adapter included: its default refreshes once).
+prompts (GSM8K train, MBPP train, ShareGPT: never an evaluation item), with the drafter_args its
+`Weights.calibrate` declares, so every trained weight sees the inputs it sees when drafting (jetspec++
+drafts with foresight on: only the foresight blocks read the adapter's lower taps).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def convert_head(src: Path, dest: Path, target: TargetModel, storage: str, *, pr
         kind = json.loads((src / CONFIG_FILE).read_text())["head"]["drafter"]
         cls = DRAFTERS.get(kind)
         tree = tree or ("ddtree" if "ddtree" in cls.policy_names() else cls.policy_names()[0])
-        drafter = DRAFTERS.build(kind, target, checkpoint=str(src))
+        drafter = DRAFTERS.build(kind, target, checkpoint=str(src), **cls.weights.calibrate)
         live = drafter_weights(drafter, state)
         grams = input_grams(drafter, prompts, tree, budget, max_new_tokens, live)
         codes = quantize_state(state, grams.grams)

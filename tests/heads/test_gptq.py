@@ -31,6 +31,23 @@ def test_input_grams_are_exact_for_linear_products_and_row_slices() -> None:
     assert grams.rows == {"w": 11}
 
 
+def test_input_grams_split_a_batched_product_over_the_weights_it_stacks() -> None:
+    """Weights that are rows of one stack (as the jetspec++ adapter's taps are) each get their own row's inputs."""
+    g = torch.Generator().manual_seed(4)
+    stack = torch.randn(3, 6, 8, generator=g)  # [T, out, in]
+    weights = {f"tap{t}": stack[t] for t in range(3)}
+    x = torch.randn(3, 5, 8, generator=g)  # [T, n, in]
+    grams = InputGrams(weights)
+    with grams:
+        torch.bmm(x, stack.mT)
+        torch.baddbmm(torch.zeros(2, 1, 6), x[1:], stack[1:].mT)  # the last two taps only
+        F.linear(x[0], weights["tap0"])
+    for t in range(3):
+        rows = torch.cat([x[t], x[t]]).double()  # tap 0: bmm + linear; taps 1, 2: bmm + baddbmm
+        torch.testing.assert_close(grams.grams[f"tap{t}"], rows.T @ rows)
+    assert grams.rows == {"tap0": 10, "tap1": 10, "tap2": 10}
+
+
 def test_gptq_beats_plain_rounding_on_the_output_error() -> None:
     g = torch.Generator().manual_seed(1)
     cols = 4 * INT4_GROUP
@@ -67,3 +84,27 @@ def test_converting_trained_heads_calibrates_every_weight(tiny, trained_tiny_hea
         assert all(gptq <= plain * 1.05 for plain, gptq in done.errors.values()), done.errors
         assert done.dest_bytes < 0.25 * done.src_bytes  # fp32 -> int4
     DFlashDrafter(tiny, checkpoint=str(tmp_path / "dflash"))
+
+
+def test_converting_a_jetspecpp_head_calibrates_every_adapter_tap(tmp_path) -> None:
+    """jetspec++ with two taps: the lower tap's adapter module is read only by foresight, which the
+    drafter's declared calibration arguments turn on; without them that module would round plainly."""
+    from specbench.drafters import DRAFTERS
+    from specbench.drafters.heads.checkpoint import save_state
+    from specbench.drafters.jetspecpp.model import JetSpecPPModel
+    from specbench.models import load_target
+    from specbench.train.head_quant import convert_head
+    from specbench.train.regen import synthetic_prompt_ids
+
+    tiny = load_target("random:tiny-llama")
+    drafter = DRAFTERS.build("jetspec++", tiny, random_init=True, seed=2)
+    assert drafter.taps == (0, 1) and DRAFTERS.get("jetspec++").weights.calibrate == {"foresight": "on"}
+    model = JetSpecPPModel(drafter.head, drafter.adapter)
+    save_state(tmp_path / "src", model.state_dict(), model.config(), tiny, storage="fp32")
+    prompts = synthetic_prompt_ids(tiny.config.vocab_size, 2, 6, 10, seed=4)
+    done = convert_head(tmp_path / "src", tmp_path / "int4", tiny, "int4", prompts=prompts, tree="chain", budget=6,
+                        max_new_tokens=12)
+    two_d = {n for n, t in model.state_dict().items() if t.ndim == 2}
+    assert done.uncalibrated == [] and set(done.errors) == two_d
+    assert any(n.startswith("adapter.modules_by_tap.0.") for n in done.errors)
+    DRAFTERS.build("jetspec++", tiny, checkpoint=str(tmp_path / "int4"))

@@ -33,46 +33,78 @@ products take it transposed)"""
 
 
 class InputGrams(TorchDispatchMode):
-    """X^T X [in, in] (fp64) of the inputs multiplied into each watched weight, and the rows seen."""
+    """X^T X [in, in] (fp64) of the inputs multiplied into each watched weight, and the rows seen.
+
+    A product's weight operand is matched to a watched weight by where it lies in memory (storage and
+    element offset inside the weight's extent), so views count for the weight they view: a row slice
+    for its whole matrix, and a batched product's row b (e.g. a stack of per-tap weights whose modules'
+    tensors are views of it) for the weight that row is."""
 
     def __init__(self, weights: dict[str, Tensor]) -> None:
         super().__init__()
-        self.by_storage = {w.untyped_storage().data_ptr(): (name, w.shape[1]) for name, w in weights.items()}
+        self.extents: dict[int, list[tuple[int, int, str, int]]] = {}  # storage -> (start, end, name, in)
+        for name, w in weights.items():
+            start = w.storage_offset()
+            self.extents.setdefault(w.untyped_storage().data_ptr(), []).append(
+                (start, start + w.numel(), name, w.shape[1]))
         self.grams: dict[str, Tensor] = {}
         self.rows: dict[str, int] = {}
+
+    def _owner(self, w: Tensor, offset: int) -> tuple[str, int] | None:
+        for start, end, name, cols in self.extents.get(w.untyped_storage().data_ptr(), ()):
+            if start <= offset < end:
+                return name, cols
+        return None
+
+    def _add(self, name: str, x: Tensor) -> None:
+        x2 = x.double()  # [n, in]
+        gram = self.grams.get(name)
+        self.grams[name] = x2.T @ x2 if gram is None else gram + x2.T @ x2
+        self.rows[name] = self.rows.get(name, 0) + x2.shape[0]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
         where = _PRODUCTS.get(func)
-        if where is not None:
-            x, w = args[where[0]], args[where[1]]
-            hit = self.by_storage.get(w.untyped_storage().data_ptr())
-            if hit is not None and w.shape[where[2]] == hit[1]:  # w is (a slice of) the weight
-                name, cols = hit
-                x2 = x.reshape(-1, cols).double()  # [n, in]
-                gram = self.grams.get(name)
-                self.grams[name] = x2.T @ x2 if gram is None else gram + x2.T @ x2
-                self.rows[name] = self.rows.get(name, 0) + x2.shape[0]
+        if where is None:
+            return out
+        x, w = args[where[0]], args[where[1]]
+        if w.dim() == 3:  # batched: row b of the weight operand against row b of the input
+            for b in range(w.shape[0]):
+                hit = self._owner(w, w.storage_offset() + b * w.stride(0))
+                if hit is not None and w.shape[where[2]] == hit[1]:
+                    self._add(hit[0], x[b].reshape(-1, hit[1]))
+            return out
+        hit = self._owner(w, w.storage_offset())
+        if hit is not None and w.shape[where[2]] == hit[1]:  # w is (a slice of) the weight
+            self._add(hit[0], x.reshape(-1, hit[1]))
         return out
 
 
 def drafter_weights(drafter: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The drafter's live tensors holding each 2-D floating weight of a loaded checkpoint `state`
-    (found by value among the parameters and buffers of the drafter's modules: `load_state_dict`
-    copied them there)."""
-    live: list[Tensor] = []
+    """The drafter's live tensors holding each 2-D floating weight of a loaded checkpoint `state`: found by
+    value among the parameters and buffers of the drafter's modules (`load_state_dict` copied them
+    there; the module names need not match the checkpoint's, e.g. jetspec++'s "draft." is its `head`),
+    equal values told apart by the longest common dotted-name suffix (zero-initialised twins)."""
+    live: list[tuple[list[str], Tensor]] = []
     for value in vars(drafter).values():
         if isinstance(value, nn.Module):
-            live.extend(value.parameters())
-            live.extend(value.buffers())
+            live.extend((n.split("."), t) for n, t in [*value.named_parameters(), *value.named_buffers()])
     out: dict[str, Tensor] = {}
     for name, t in state.items():
         if t.ndim != 2 or not t.is_floating_point():
             continue
-        match = next((x for x in live if x.shape == t.shape and x.dtype == t.dtype and torch.equal(x, t)), None)
-        if match is not None:
-            out[name] = match
+        parts = name.split(".")
+        equal = [(qn, x) for qn, x in live if x.shape == t.shape and x.dtype == t.dtype and torch.equal(x, t)]
+        if equal:
+            out[name] = max(equal, key=lambda e: _common_suffix(e[0], parts))[1]
     return out
+
+
+def _common_suffix(a: list[str], b: list[str]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
 
 
 def gptq_int4(weight: Tensor, gram: Tensor, group: int = INT4_GROUP, damp: float = 0.01,

@@ -73,7 +73,7 @@ from torch import Tensor
 
 from specbench.config import SamplingConfig
 from specbench.drafters import DRAFTERS
-from specbench.drafters.base import DraftState, Phase
+from specbench.drafters.base import DraftState, Phase, Weights
 from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.drafter import BlockPlan, HeadDrafter, random_head
 from specbench.drafters.heads.masks import block_pattern
@@ -104,6 +104,9 @@ class JetSpecPPDrafter(HeadDrafter):
 
     name = NAME
     attention = "block-causal"
+    # foresight drafts the next blocks from every tap's predicted states: the one use of the lower taps'
+    # adapter modules, so GPTQ calibration (Weights.calibrate) drafts with it on
+    weights = Weights(train="specbench train --drafter {drafter} --data DATA_DIR --out DIR", calibrate={"foresight": "on"})
 
     def __init__(self, target: TargetModel, checkpoint: str | None = None, head: DraftHead | None = None,
                  adapter: StateAdapter | None = None, block_size: int | None = None, J: int = 1, R: int = 1,
