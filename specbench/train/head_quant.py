@@ -15,7 +15,8 @@ from typing import Sequence
 
 import torch
 
-from specbench.drafters.heads.checkpoint import CONFIG_FILE, WEIGHTS_FILE, dequantize_int4, load_head, quantize_int4, save_state
+from specbench.drafters.heads.checkpoint import (CONFIG_FILE, INT4_GROUP, WEIGHTS_FILE, dequantize_int4, load_head,
+                                                 quantize_int4, save_state)
 from specbench.drafters.heads.gptq import InputGrams, drafter_weights, output_error, quantize_state
 from specbench.models.target import TargetModel
 
@@ -59,7 +60,8 @@ def input_grams(drafter: object, prompts: Sequence[Sequence[int]], tree: str, bu
 
 
 def convert_head(src: Path, dest: Path, target: TargetModel, storage: str, *, prompts: Sequence[Sequence[int]] = (),
-                 tree: str | None = None, budget: int = 64, max_new_tokens: int = 128) -> Conversion:
+                 tree: str | None = None, budget: int = 64, max_new_tokens: int = 128,
+                 group: int = INT4_GROUP) -> Conversion:
     """Write the head in `src` to `dest` as `storage`; with `prompts` (int4 only), GPTQ-rounded on the
     inputs the head sees while drafting them."""
     import json
@@ -78,13 +80,13 @@ def convert_head(src: Path, dest: Path, target: TargetModel, storage: str, *, pr
         drafter = DRAFTERS.build(kind, target, checkpoint=str(src), **cls.weights.calibrate)
         live = drafter_weights(drafter, state)
         grams = input_grams(drafter, prompts, tree, budget, max_new_tokens, live)
-        codes = quantize_state(state, grams.grams)
+        codes = quantize_state(state, grams.grams, group)
         rows = max(grams.rows.values(), default=0)
         for name, (c, s, lo) in codes.items():
             w, gram = state[name].float(), grams.grams[name]
-            plain = dequantize_int4(*quantize_int4(w), w.shape[1])
+            plain = dequantize_int4(*quantize_int4(w, group), w.shape[1])
             errors[name] = (output_error(w, plain, gram), output_error(w, dequantize_int4(c, s, lo, w.shape[1]), gram))
         uncalibrated = sorted(n for n, t in state.items() if t.ndim == 2 and t.is_floating_point() and n not in codes)
-    save_state(dest, state, config, target, storage=storage, int4_codes=codes)
+    save_state(dest, state, config, target, storage=storage, int4_codes=codes, int4_group=group)
     return Conversion((src / WEIGHTS_FILE).stat().st_size, (dest / WEIGHTS_FILE).stat().st_size, errors,
                       uncalibrated, rows)

@@ -108,10 +108,11 @@ def save_head(directory: str | Path, head: nn.Module, config: dict[str, Any], ta
 
 def save_state(directory: str | Path, state: dict[str, Tensor], config: dict[str, Any], target: TargetModel, *,
                storage: str = "int8", float_dtype: torch.dtype = torch.float32,
-               int4_codes: dict[str, tuple[Tensor, Tensor, Tensor]] | None = None) -> None:
+               int4_codes: dict[str, tuple[Tensor, Tensor, Tensor]] | None = None, int4_group: int = INT4_GROUP) -> None:
     """`save_head` of a state dict (e.g. one `load_head` returned, to store a head in another kind).
     int4_codes: weights already in `quantize_int4`'s format (e.g. rounded by `gptq.gptq_int4`), stored as
-    given; the other 2-D weights round plainly."""
+    given; the other 2-D weights round plainly in groups of `int4_group` columns (the group is implied
+    by the stored shapes, so heads of different groups load alike)."""
     from safetensors.torch import save_file
 
     if storage not in STORAGE:
@@ -126,7 +127,7 @@ def save_state(directory: str | Path, state: dict[str, Tensor], config: dict[str
         elif storage == "int4" and t.ndim == 2 and t.is_floating_point():
             scale_name, low_name, cols_name = (name + s for s in INT4_SUFFIXES)
             given = (int4_codes or {}).get(name)
-            tensors[name], tensors[scale_name], tensors[low_name] = given if given is not None else quantize_int4(t)
+            tensors[name], tensors[scale_name], tensors[low_name] = given if given is not None else quantize_int4(t, int4_group)
             tensors[cols_name] = torch.tensor([t.shape[1]], dtype=torch.int64)
         else:
             tensors[name] = t.to(float_dtype).contiguous() if t.is_floating_point() else t.contiguous()
