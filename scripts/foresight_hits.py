@@ -134,7 +134,7 @@ def evaluate(args: argparse.Namespace, out: Path) -> None:
     print(f"\ncalibration fitted on all rounds (per-depth beta): {[round(b, 3) for b in cal.betas]}")
     if cal_ng is not None:
         print(f"n-gram calibration fitted on all rounds: beta {[round(b, 3) for b in cal_ng.betas]}, "
-              f"eta (orders 1..) {[round(e, 3) for e in cal_ng.etas]}")
+              f"eta (levels: in the context, keys of 1..3 tokens) {[round(e, 3) for e in cal_ng.etas]}")
     if served:
         print(f"live cache hit rate of the recorded run: {summary['live_hit_rate']:.3f} over {len(served)} rounds")
 

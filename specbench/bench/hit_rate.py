@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from specbench.drafters.jetspecpp.calibration import GRID, RowTemperature, ngram_nll, row_nll
-from specbench.drafters.jetspecpp.ngram import ORDERS, boosted_law
+from specbench.drafters.jetspecpp.ngram import LEVELS, boosted_law
 from specbench.drafters.jetspecpp.selection import RowLaw, Selection, select
 from specbench.drafters.jetspecpp.speculation import RoundRecord
 
@@ -99,8 +99,8 @@ def _check_context(rec: RoundRecord, cal: RowTemperature) -> None:
     if rec.context is None:
         raise ValueError("an n-gram calibration needs records with context stats: record the rounds again "
                          "(scripts/foresight_hits.py without --eval-only, into a new --out)")
-    if len(cal.etas) > ORDERS:
-        raise ValueError(f"records keep n-gram orders up to {ORDERS}, the calibration has {len(cal.etas)}")
+    if len(cal.etas) > LEVELS:
+        raise ValueError(f"records keep n-gram levels up to {LEVELS}, the calibration has {len(cal.etas)}")
 
 
 def _on_grid(beta: Tensor) -> Tensor:
@@ -134,16 +134,16 @@ def visited_rows(rec: RoundRecord) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def visited_context(rec: RoundRecord) -> tuple[Tensor, Tensor, Tensor]:
-    """The n-gram side of `visited_rows`: (the label's order [k+1], the continuations' raw logits and
-    orders [k+1, C])."""
+    """The n-gram side of `visited_rows`: (the label's level [k+1], the continuations' raw logits and
+    levels [k+1, C])."""
     if rec.context is None:
         raise ValueError("an n-gram calibration needs records with context stats: record the rounds again")
     path = path_of(rec, rec.node)
     labels = torch.tensor([rec.tokens[v] for v in path[1:]] + [rec.bonus])
     idx = torch.tensor(path)
-    ids, orders = rec.context.ids[idx], rec.context.orders[idx]
-    label_order = torch.where(ids == labels[:, None], orders, 0).amax(dim=1)
-    return label_order, rec.context.logits[idx], orders
+    ids, levels = rec.context.ids[idx], rec.context.levels[idx]
+    label_level = torch.where(ids == labels[:, None], levels, 0).amax(dim=1)
+    return label_level, rec.context.logits[idx], levels
 
 
 def _padded_cat(parts: Sequence[Tensor]) -> Tensor:
@@ -153,14 +153,14 @@ def _padded_cat(parts: Sequence[Tensor]) -> Tensor:
 
 def fit_calibration(records: Sequence[RoundRecord], min_rows: int = 32, ngram: bool = False) -> RowTemperature:
     """Per-depth temperatures by maximum likelihood of the verified outcomes (`RowTemperature.fit`);
-    with `ngram`, jointly with the context n-gram boosts of orders 1..ngram.ORDERS."""
+    with `ngram`, jointly with the context n-gram boosts of levels 1..ngram.LEVELS."""
     rows = [visited_rows(r) for r in records]
     depth, label, lse = (torch.cat([r[i] for r in rows]) for i in range(3))
     if not ngram:
         return RowTemperature.fit(depth, label, lse, GRID, min_rows=min_rows)
     ctx = [visited_context(r) for r in records]
     return RowTemperature.fit_ngram(depth, label, lse, torch.cat([c[0] for c in ctx]), _padded_cat([c[1] for c in ctx]),
-                                    _padded_cat([c[2] for c in ctx]), ORDERS, GRID, min_rows=min_rows)
+                                    _padded_cat([c[2] for c in ctx]), LEVELS, GRID, min_rows=min_rows)
 
 
 def outcome_nll(rec: RoundRecord, cal: RowTemperature | None) -> float:

@@ -1,5 +1,5 @@
 """The context n-gram expert of foresight's outcome scores (`ngram.py`) and its calibration: the dense
-orders are a brute-force n-gram lookup; the boosted rows keep the outcome law a distribution (it sums to
+levels are a brute-force n-gram lookup; the boosted rows keep the outcome law a distribution (it sums to
 1 over outcomes) and a record's compact form rebuilds them exactly; the joint fit recovers known
 (beta, eta); cross-fitting never scores a prompt with a calibration fitted on it; calibration files
 without etas load as before; records without context stats still load."""
@@ -15,7 +15,7 @@ import torch
 
 from specbench.bench.hit_rate import cross_fit, decoder_law, evaluate, fit_calibration, outcome_nll
 from specbench.drafters.jetspecpp.calibration import GRID, RowTemperature
-from specbench.drafters.jetspecpp.ngram import ORDERS, ContextStats, boost, tree_orders
+from specbench.drafters.jetspecpp.ngram import ORDERS, ContextStats, boost, tree_levels
 from specbench.drafters.jetspecpp.outcomes import tree_outcome_distribution
 from specbench.drafters.jetspecpp.selection import RowLaw, RowStats, select
 from specbench.drafters.jetspecpp.speculation import RoundRecord
@@ -24,7 +24,9 @@ from specbench.trees.base import DraftTree
 from test_foresight_selection import random_tree
 
 
-def brute_orders(context: list[int], tree: DraftTree, orders: int, vocab: int) -> torch.Tensor:
+def brute_levels(context: list[int], tree: DraftTree, orders: int, vocab: int) -> torch.Tensor:
+    """level(u, t): 0 if t is not in the context, else 1 + the longest key (<= orders tokens) that
+    precedes an occurrence of t."""
     tokens, parents, _ = tree.host
     out = torch.zeros(len(tokens), vocab, dtype=torch.long)
     for u in range(len(tokens)):
@@ -33,32 +35,32 @@ def brute_orders(context: list[int], tree: DraftTree, orders: int, vocab: int) -
             path.append(tokens[v])
             v = parents[v]
         seq = context + path[::-1]  # the root is context[-1] (the anchor)
-        for j in range(1, len(context)):
+        for j in range(len(context)):
             k = 0
             while k < orders and j - k - 1 >= 0 and context[j - k - 1] == seq[len(seq) - 1 - k]:
                 k += 1
-            out[u, context[j]] = max(int(out[u, context[j]]), k)
+            out[u, context[j]] = max(int(out[u, context[j]]), k + 1)
     return out
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_dense_orders_are_a_brute_force_ngram_lookup(seed: int) -> None:
+def test_dense_levels_are_a_brute_force_ngram_lookup(seed: int) -> None:
     rng = random.Random(seed)
     vocab = 5  # few tokens: long matches happen
     tree = random_tree(rng, rng.randrange(1, 9), vocab)
     anchor = int(tree.tokens[0])
     context = [rng.randrange(vocab) for _ in range(rng.randrange(0, 30))] + [anchor, rng.randrange(vocab), anchor]
     buf = torch.tensor(context + [rng.randrange(vocab) for _ in range(7)])  # slots past the anchor are not read
-    got = tree_orders(buf, torch.tensor([len(context) - 1]), tree.tokens, tree.depth, tree.ancestor_mask, 3, vocab)
-    assert torch.equal(got, brute_orders(context, tree, 3, vocab))
-    assert int(got[0].max()) > 0  # the earlier anchor's continuation
+    got = tree_levels(buf, torch.tensor([len(context) - 1]), tree.tokens, tree.depth, tree.ancestor_mask, 3, vocab)
+    assert torch.equal(got, brute_levels(context, tree, 3, vocab))
+    assert int(got[0].max()) > 1  # the earlier anchor's continuation
 
 
 def _record(rng: random.Random, vocab: int = 9) -> tuple[RoundRecord, torch.Tensor, torch.Tensor]:
-    """A record with context stats, its raw logits [N, V] and token orders [N, V]."""
+    """A record with context stats, its raw logits [N, V] and token levels [N, V]."""
     tree = random_tree(rng, rng.randrange(2, 8), vocab)
     context = [rng.randrange(4) for _ in range(25)] + [int(tree.tokens[0])]
-    orders = tree_orders(torch.tensor(context), torch.tensor([len(context) - 1]), tree.tokens, tree.depth,
+    levels = tree_levels(torch.tensor(context), torch.tensor([len(context) - 1]), tree.tokens, tree.depth,
                          tree.ancestor_mask, ORDERS, vocab)
     z = torch.randn(tree.num_nodes, vocab, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)),
                     dtype=torch.float64) * 3
@@ -66,16 +68,16 @@ def _record(rng: random.Random, vocab: int = 9) -> tuple[RoundRecord, torch.Tens
     rec = RoundRecord(tokens=tree.host[0], parents=tree.host[1], depth=tree.host[2],
                       decoder=RowStats.from_logits(z, tree.tokens, tree.parents, k, GRID),
                       draft=RowLaw.from_logp(torch.log_softmax(z, -1), tree.tokens, tree.parents, k), node=0,
-                      bonus=0, bonus_logit=float(z[0, 0]), in_selection=False, context=ContextStats.from_orders(orders, z))
-    return rec, z, orders
+                      bonus=0, bonus_logit=float(z[0, 0]), in_selection=False, context=ContextStats.from_levels(levels, z))
+    return rec, z, levels
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_boosted_outcome_law_sums_to_one_and_records_rebuild_it(seed: int) -> None:
-    rec, z, orders = _record(random.Random(seed))
-    cal = RowTemperature((GRID[28].item(), GRID[36].item()), (0.7, 2.0, 0.3))
+    rec, z, levels = _record(random.Random(seed))
+    cal = RowTemperature((GRID[28].item(), GRID[36].item()), (0.2, 0.7, 2.0, 0.3))
     tree = DraftTree(tokens=torch.tensor(rec.tokens), parents=torch.tensor(rec.parents), depth=torch.tensor(rec.depth))
-    rows = (z * cal.beta(tree.depth)[:, None] + boost(orders, torch.tensor(cal.etas, dtype=torch.float64))).log_softmax(-1)
+    rows = (z * cal.beta(tree.depth)[:, None] + boost(levels, torch.tensor(cal.etas, dtype=torch.float64))).log_softmax(-1)
     dense = tree_outcome_distribution(rec.parents, rec.tokens, rows.exp())  # [N, V]
     assert float(dense.sum()) == pytest.approx(1.0, abs=1e-12)
     vocab = z.shape[1]
@@ -101,15 +103,15 @@ def test_the_joint_fit_recovers_known_temperatures_and_boosts() -> None:
     m, vocab, true_beta, true_eta = 6000, 30, (0.5, 1.41421356), torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)
     depth = torch.randint(0, 2, (m,), generator=g)
     z = torch.randn(m, vocab, generator=g, dtype=torch.float64) * 2.5
-    orders = torch.zeros(m, vocab, dtype=torch.long)
+    levels = torch.zeros(m, vocab, dtype=torch.long)
     cand = torch.randint(0, vocab, (m, 4), generator=g)
-    orders.scatter_(1, cand, torch.randint(1, 4, (m, 4), generator=g))
+    levels.scatter_(1, cand, torch.randint(1, 4, (m, 4), generator=g))
     beta = torch.tensor(true_beta, dtype=torch.float64)[depth]
-    p = torch.softmax(z * beta[:, None] + boost(orders, true_eta), -1)
+    p = torch.softmax(z * beta[:, None] + boost(levels, true_eta), -1)
     label = torch.multinomial(p, 1, generator=g)[:, 0]
     lse = torch.stack([torch.logsumexp(z * b, -1) for b in GRID.tolist()], -1)  # [M, G]
-    top, ids = orders.topk(4, dim=1)
-    cal = RowTemperature.fit_ngram(depth, z.gather(1, label[:, None])[:, 0], lse, orders.gather(1, label[:, None])[:, 0],
+    top, ids = levels.topk(4, dim=1)
+    cal = RowTemperature.fit_ngram(depth, z.gather(1, label[:, None])[:, 0], lse, levels.gather(1, label[:, None])[:, 0],
                                    torch.where(top > 0, z.gather(1, ids), 0.0), top, 3)
     for got, want in zip(cal.betas, true_beta):
         assert abs(math.log2(got / want)) <= 0.126, cal  # within a grid step
@@ -157,9 +159,9 @@ def test_evaluate_fits_the_ngram_rule_where_records_have_context() -> None:
     for i in range(4):
         rounds = []
         for _ in range(10):
-            rec, z, orders = _record(rng)
+            rec, z, levels = _record(rng)
             # the verified bonus: a continuation of the root where there is one (the expert is informative)
-            bonus = int(orders[0].argmax()) if int(orders[0].max()) > 0 else int(z[0].argmax())
+            bonus = int(levels[0].argmax()) if int(levels[0].max()) > 0 else int(z[0].argmax())
             kids = {rec.tokens[v] for v in range(len(rec.tokens)) if rec.parents[v] == 0}
             if bonus in kids:
                 continue

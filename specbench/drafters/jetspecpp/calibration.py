@@ -24,7 +24,7 @@ Depths with fewer than `min_rows` visited rows pool the rows at that depth and d
 rare: the walk has to get there), and with still too few, all rows.
 
 Optionally (`etas`, fitted by `fit_ngram`) the rows also carry the context n-gram expert of `ngram.py`:
-p~(t|u) ∝ exp(beta_d z_u[t] + sum_{i <= order(u, t)} eta_i), eta_i >= 0 shared by all depths. The NLL
+p~(t|u) ∝ exp(beta_d z_u[t] + sum_{i <= level(u, t)} eta_i), eta_i >= 0 shared by all depths. The NLL
 stays convex in (beta, eta); the fit alternates an exact per-depth grid search over beta with a
 projected Newton step in eta. A file without etas is the plain per-depth temperature (old files load
 as before).
@@ -51,7 +51,7 @@ def row_nll(label_logit: Tensor, lse: Tensor, grid: Tensor = GRID) -> Tensor:
 @dataclass(frozen=True)
 class RowTemperature:
     """Inverse temperatures per node depth (0 = the root's row; deeper rows use the last one) and the
-    context n-gram boosts per order (`ngram.py`; none: no expert)."""
+    context n-gram boosts per level (`ngram.py`; none: no expert)."""
 
     betas: tuple[float, ...]
     etas: tuple[float, ...] = ()
@@ -83,24 +83,24 @@ class RowTemperature:
         return cls(_per_depth_argmin(depth, row_nll(label_logit, lse, grid), grid, min_rows))
 
     @classmethod
-    def fit_ngram(cls, depth: Tensor, label_logit: Tensor, lse: Tensor, label_order: Tensor, cand_logit: Tensor,
-                  cand_order: Tensor, orders: int, grid: Tensor = GRID, min_rows: int = 32,
+    def fit_ngram(cls, depth: Tensor, label_logit: Tensor, lse: Tensor, label_level: Tensor, cand_logit: Tensor,
+                  cand_level: Tensor, levels: int, grid: Tensor = GRID, min_rows: int = 32,
                   sweeps: int = 4) -> "RowTemperature":
-        """Maximum likelihood of per-depth betas and n-gram etas [orders] over visited rows: as `fit`,
-        plus the order of each row's label [M] and each row's continuations' raw logits and orders
-        [M, C] (order 0: padding)."""
+        """Maximum likelihood of per-depth betas and n-gram etas [levels] over visited rows: as `fit`,
+        plus the level of each row's label [M] (0: not in the context) and each row's continuations'
+        raw logits and levels [M, C] (level 0: padding)."""
         if depth.numel() == 0:
             raise ValueError("no recorded rows to fit a calibration on")
         g = grid.to(lse)
         cal = cls.fit(depth, label_logit, lse, grid, min_rows)
-        etas = torch.zeros(orders, dtype=torch.float64)
+        etas = torch.zeros(levels, dtype=torch.float64)
         for _ in range(sweeps):
             col = (torch.tensor(cal.betas, dtype=torch.float64)[depth.clamp(max=len(cal.betas) - 1)][:, None]
                    == g[None, :]).long().argmax(dim=1)  # [M]
             beta, l_col = g[col], lse.gather(1, col[:, None])[:, 0]
-            etas = _newton_etas(lambda e: ngram_nll(beta[:, None], l_col[:, None], label_logit, label_order,
-                                                     cand_logit, cand_order, e).sum(), etas)
-            nll = ngram_nll(g[None, :], lse, label_logit, label_order, cand_logit, cand_order, etas)  # [M, G]
+            etas = _newton_etas(lambda e: ngram_nll(beta[:, None], l_col[:, None], label_logit, label_level,
+                                                     cand_logit, cand_level, e).sum(), etas)
+            nll = ngram_nll(g[None, :], lse, label_logit, label_level, cand_logit, cand_level, etas)  # [M, G]
             cal = cls(_per_depth_argmin(depth, nll, grid, min_rows), tuple(etas.tolist()))
         return cal
 
@@ -134,15 +134,15 @@ def _per_depth_argmin(depth: Tensor, nll: Tensor, grid: Tensor, min_rows: int) -
     return tuple(betas)
 
 
-def ngram_nll(beta: Tensor, lse: Tensor, label_logit: Tensor, label_order: Tensor, cand_logit: Tensor,
-               cand_order: Tensor, etas: Tensor) -> Tensor:
+def ngram_nll(beta: Tensor, lse: Tensor, label_logit: Tensor, label_level: Tensor, cand_logit: Tensor,
+               cand_level: Tensor, etas: Tensor) -> Tensor:
     """[M, G]: -log p~(label) of M rows at inverse temperatures beta [M or 1, G] (lse [M, G] their
     log-partitions without the expert) and boosts etas [o]."""
     table = torch.cat([etas.new_zeros(1), etas.cumsum(0)])
-    b_label = table[label_order.clamp(max=etas.shape[0])]  # [M]
-    b_cand = table[cand_order.clamp(max=etas.shape[0])]  # [M, C]
+    b_label = table[label_level.clamp(max=etas.shape[0])]  # [M]
+    b_cand = table[cand_level.clamp(max=etas.shape[0])]  # [M, C]
     extra = torch.exp(beta[:, :, None] * cand_logit[:, None, :] - lse[:, :, None]) * torch.expm1(b_cand)[:, None, :]
-    log_z = lse + torch.log1p(torch.where(cand_order[:, None, :] > 0, extra, 0.0).sum(dim=-1))
+    log_z = lse + torch.log1p(torch.where(cand_level[:, None, :] > 0, extra, 0.0).sum(dim=-1))
     return log_z - beta * label_logit[:, None] - b_label[:, None]
 
 

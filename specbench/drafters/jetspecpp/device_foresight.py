@@ -31,7 +31,7 @@ from torch import Tensor
 from specbench.drafters.base import DraftState
 from specbench.drafters.jetspecpp.foresight import Context, OutcomeBatch
 from specbench.drafters.jetspecpp.calibration import RowTemperature
-from specbench.drafters.jetspecpp.ngram import boost, tree_orders
+from specbench.drafters.jetspecpp.ngram import boost, tree_levels
 from specbench.drafters.jetspecpp.selection import RowLaw, select
 from specbench.trees.base import DraftTree, TreeBatch, TreePolicy
 
@@ -137,8 +137,8 @@ class DeviceForesight:
         z = logits.to(torch.float64) * beta[:, None]  # [N, V]
         if self.etas is not None:
             assert self.context is not None, "reset(tokens) before the first stage"
-            z = z + boost(tree_orders(self.context, self.length, tree.tokens, tree.depth, tree.ancestor_mask,
-                                      self.etas.shape[0], z.shape[-1]), self.etas)
+            z = z + boost(tree_levels(self.context, self.length, tree.tokens, tree.depth, tree.ancestor_mask,
+                                      self.etas.shape[0] - 1, z.shape[-1]), self.etas)
         return RowLaw.from_logp(z.log_softmax(dim=-1), tree.tokens, tree.parents, k)
 
     def append(self, tree: DraftTree, path: Tensor, count: Tensor, bonus: Tensor) -> None:

@@ -5,17 +5,18 @@ Why: on recorded rounds the verified outcomes that top-B misses are almost all t
 with the wrong bonus (docs/measurements/foresight_hits_ngram_*): the decoder's row ranks the target's
 next token too low. Prompt-lookup statistics know many of those tokens: math and reasoning answers
 repeat numbers and names of the prompt and of what was generated. The expert adds, to the logit of
-token t in node u's row, eta_1 + .. + eta_k where k is the longest order (<= len(etas)) for which the
-last k tokens of (committed context, path to u) occur in the committed context followed by t:
+token t in node u's row, eta_1 + .. + eta_level(u, t), where level 1 means t occurs in the committed
+context and level k + 1 that the last k tokens (k <= ORDERS) of (committed context, path to u) occur
+there followed by t:
 
-    log p~(t | u) = beta_d z_u[t] + sum_{i <= order(u, t)} eta_i - log Z_u
+    log p~(t | u) = beta_d z_u[t] + sum_{i <= level(u, t)} eta_i - log Z_u
 
-a product of experts with an indicator expert per order, so p~ stays a distribution, the outcome
+a product of experts with an indicator expert per level, so p~ stays a distribution, the outcome
 law over p~ still sums to 1, and the NLL of verified outcomes stays convex in (beta, eta).
 Non-anticipation: it reads the committed tokens and the block's own tokens, nothing verification
 decides. The dense form (`boost`) is static-shaped tensor ops (capturable, the device round's); the
 compact form (`ContextStats`) is what a recorded round keeps: per node, the continuation tokens, their
-orders and the decoder's raw logits for them, enough to rebuild p~ at any (beta, eta >= 0).
+levels and the decoder's raw logits for them, enough to rebuild p~ at any (beta, eta >= 0).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from torch import Tensor
 
 from specbench.drafters.jetspecpp.selection import RowLaw, RowStats
 
-ORDERS = 3  # records keep orders 1..3
+ORDERS = 3  # n-gram keys of 1..3 tokens: levels 1 (presence) .. 4
+LEVELS = ORDERS + 1  # what records keep
 
 
 def suffixes(context: Tensor, length: Tensor, tokens: Tensor, depth: Tensor, ancestors: Tensor, orders: int) -> Tensor:
@@ -46,11 +48,11 @@ def suffixes(context: Tensor, length: Tensor, tokens: Tensor, depth: Tensor, anc
     return torch.where(want >= 0, tree_tok, ctx_tok).view(n, orders)
 
 
-def match_orders(context: Tensor, length: Tensor, tokens: Tensor, depth: Tensor, ancestors: Tensor,
+def match_levels(context: Tensor, length: Tensor, tokens: Tensor, depth: Tensor, ancestors: Tensor,
                  orders: int) -> Tensor:
-    """[N, S] int64: for node u and context position j in 1..length, the longest k <= orders with
-    context[j-k..j-1] equal to the last k tokens of (context, path to u) (0: none; j = 0 and j past
-    length: 0). context[j] is then an order-k continuation of u."""
+    """[N, S] int64: the level of context position j for node u: 0 past length, else 1 + the longest
+    k <= orders with context[j-k..j-1] equal to the last k tokens of (context, path to u); context[j]
+    is then a level continuation of u (level 1: it occurs in the context)."""
     s = context.shape[0]
     suf = suffixes(context, length, tokens, depth, ancestors, orders)  # [N, o]
     j = torch.arange(s, device=context.device)
@@ -60,46 +62,47 @@ def match_orders(context: Tensor, length: Tensor, tokens: Tensor, depth: Tensor,
         before = context[(j - i).clamp(min=0)]  # [S]: context[j - i]
         run = run & (suf[:, i - 1 : i] == before[None]) & (j >= i)[None]
         order = order + run.long()
-    return torch.where((j <= length)[None], order, 0)
+    return torch.where((j <= length)[None], order + 1, 0)
 
 
-def token_orders(context: Tensor, match: Tensor, vocab: int) -> Tensor:
-    """[N, V] int64: order(u, t) = the longest match order of a context position holding t."""
+def token_levels(context: Tensor, match: Tensor, vocab: int) -> Tensor:
+    """[N, V] int64: level(u, t) = the highest match level of a context position holding t (0: t is
+    not in the context)."""
     index = context.clamp(min=0)[None].expand_as(match)
     return torch.zeros(match.shape[0], vocab, dtype=torch.long, device=match.device).scatter_reduce(
         1, index, match, reduce="amax")
 
 
-def boost(orders_ut: Tensor, etas: Tensor) -> Tensor:
-    """[N, V] (etas' dtype): sum_{i <= order(u, t)} eta_i from token orders [N, V] and etas [o] (order
+def boost(levels_ut: Tensor, etas: Tensor) -> Tensor:
+    """[N, V] (etas' dtype): sum_{i <= level(u, t)} eta_i from token levels [N, V] and etas [L] (a level
     beyond len(etas): the sum of all)."""
     table = torch.cat([etas.new_zeros(1), etas.cumsum(0)])  # [o + 1]
-    return table[orders_ut.clamp(max=etas.shape[0])]
+    return table[levels_ut.clamp(max=etas.shape[0])]
 
 
 @dataclass
 class ContextStats:
     """What a recorded round keeps of the expert: per node its continuation tokens ids [N, C] (-1
-    padded), their orders [N, C] (0 on padding) and the decoder's raw logits for them [N, C]."""
+    padded), their levels [N, C] (0 on padding) and the decoder's raw logits for them [N, C]."""
 
     ids: Tensor
-    orders: Tensor
+    levels: Tensor
     logits: Tensor
 
     @staticmethod
-    def from_orders(orders_ut: Tensor, logits: Tensor) -> "ContextStats":
-        """token orders [N, V], the decoder's raw logits [N, V]."""
-        width = max(1, int((orders_ut > 0).sum(dim=1).max()))
-        top, ids = orders_ut.topk(width, dim=1)  # the continuations first
+    def from_levels(levels_ut: Tensor, logits: Tensor) -> "ContextStats":
+        """token levels [N, V], the decoder's raw logits [N, V]."""
+        width = max(1, int((levels_ut > 0).sum(dim=1).max()))
+        top, ids = levels_ut.topk(width, dim=1)  # the continuations first
         ids = torch.where(top > 0, ids, -1)
-        return ContextStats(ids=ids.cpu(), orders=top.cpu(),
+        return ContextStats(ids=ids.cpu(), levels=top.cpu(),
                             logits=torch.where(top > 0, logits.gather(1, ids.clamp(min=0)).double(), 0.0).cpu())
 
 
 def log_partition(lse: Tensor, beta: Tensor, ctx: ContextStats, etas: Tensor) -> Tensor:
     """[N]: log Z_u of the boosted rows from lse [N] = logsumexp(beta z_u) over the vocabulary, beta
     [N], etas [o] >= 0: Z = e^lse + sum over the continuations of e^(beta z) (e^boost - 1)."""
-    b = boost(ctx.orders, etas)  # [N, C]
+    b = boost(ctx.levels, etas)  # [N, C]
     extra = torch.where(ctx.ids >= 0, torch.exp(beta[:, None] * ctx.logits - lse[:, None]) * torch.expm1(b), 0.0)
     return lse + torch.log1p(extra.sum(dim=1))
 
@@ -114,7 +117,7 @@ def boosted_law(stats: RowStats, column: Tensor, parents: Tensor, ctx: ContextSt
     beta = stats.betas[column]  # [N]
     lse = stats.lse.gather(1, column[:, None])[:, 0]
     log_z = log_partition(lse, beta, ctx, etas)  # [N]
-    b = boost(ctx.orders, etas)
+    b = boost(ctx.levels, etas)
     ids = torch.cat([stats.ids, ctx.ids], dim=1)  # [N, K + C]
     raw = torch.cat([stats.logits, ctx.logits], dim=1)
     # a kept token's boost: its continuation entry's, if any
@@ -134,8 +137,8 @@ def boosted_law(stats: RowStats, column: Tensor, parents: Tensor, ctx: ContextSt
     return RowLaw(ids=ids, logp=logp, child_logp=torch.where(parents >= 0, child, torch.zeros_like(child)))
 
 
-def tree_orders(context: Tensor, length: Tensor, tokens: Tensor, depth: Tensor, ancestors: Tensor, orders: int,
+def tree_levels(context: Tensor, length: Tensor, tokens: Tensor, depth: Tensor, ancestors: Tensor, orders: int,
                 vocab: int) -> Tensor:
-    """[N, V] int64: order(u, t) for every node of the tree (tokens, depth [N], ancestors [N, N])
-    against committed context [S] (length [1]: the anchor's position)."""
-    return token_orders(context, match_orders(context, length, tokens, depth, ancestors, orders), vocab)
+    """[N, V] int64: level(u, t) (keys of up to `orders` tokens) for every node of the tree (tokens,
+    depth [N], ancestors [N, N]) against committed context [S] (length [1]: the anchor's position)."""
+    return token_levels(context, match_levels(context, length, tokens, depth, ancestors, orders), vocab)

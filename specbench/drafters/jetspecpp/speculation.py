@@ -37,7 +37,7 @@ from specbench.drafters.base import DraftState
 from specbench.drafters.jetspecpp.cache import Entry, Outcome, SpeculationCache
 from specbench.drafters.jetspecpp.calibration import GRID, RowTemperature
 from specbench.drafters.jetspecpp.foresight import OutcomeBatch
-from specbench.drafters.jetspecpp.ngram import ORDERS, ContextStats, boost, tree_orders
+from specbench.drafters.jetspecpp.ngram import ORDERS, ContextStats, boost, tree_levels
 from specbench.drafters.jetspecpp.selection import RowLaw, RowStats, draft_rows, select
 from specbench.trees.base import DraftTree
 from specbench.verify.base import VerifyResult
@@ -58,7 +58,7 @@ class RoundRecord:
     (the node where the walk stopped, the bonus and the decoder's raw logit of the bonus in that
     node's row), whether the drafter's own rule had selected it, and whether this round's block was
     served from the cache (None: no foresight ran before it); `context`: the context n-gram expert's
-    continuations of every node (`ngram.ContextStats`, orders 1..ngram.ORDERS; None in older records)."""
+    continuations of every node (`ngram.ContextStats`, levels 1..ngram.LEVELS; None in older records)."""
 
     tokens: list[int]
     parents: list[int]
@@ -176,18 +176,19 @@ class Foresight:
                 rec = (RowStats.from_logits(logits, tree.tokens, tree.parents, kr, GRID).to("cpu"),
                        RowLaw.from_logp(draft_rows(draft_logp, tree.depth),
                                         tree.tokens, tree.parents, kr).to("cpu"),
-                       ContextStats.from_orders(self.orders(state, tree, ORDERS, logits.shape[-1]), logits))
+                       ContextStats.from_levels(self.levels(state, tree, ORDERS, logits.shape[-1]), logits))
             return _Pass(base=base, selection=host, ready=ready, states=feats, blocks=blocks, k_hats=k_hats,
                          logits=logits if self.record else None, record=rec)
 
         self.pending = d.pipeline.launch(work, tree.tokens, *d.state_pending)
 
-    def orders(self, state: DraftState, tree: DraftTree, orders: int, vocab: int) -> Tensor:
-        """[N, V]: the context n-gram order of every token in every node's row (`ngram.py`)."""
+    def levels(self, state: DraftState, tree: DraftTree, orders: int, vocab: int) -> Tensor:
+        """[N, V]: the context n-gram level of every token in every node's row, keys of up to `orders`
+        tokens (`ngram.py`)."""
         dev = tree.tokens.device
         context = torch.tensor(state.tokens, dtype=torch.long, device=dev)
         length = torch.full((1,), state.cache_len, dtype=torch.long, device=dev)
-        return tree_orders(context, length, tree.tokens, tree.depth, tree.ancestor_mask, orders, vocab)
+        return tree_levels(context, length, tree.tokens, tree.depth, tree.ancestor_mask, orders, vocab)
 
     def decoder_law(self, logits: Tensor, tree: DraftTree, state: DraftState, k: int) -> RowLaw:
         """The decoder's rows at the calibrated inverse temperatures (beta = 1 uncalibrated), with the
@@ -198,7 +199,7 @@ class Foresight:
         if cal.etas:
             etas = torch.tensor(cal.etas, dtype=torch.float64, device=logits.device)
             z = logits.to(torch.float64) * cal.beta(tree.depth)[:, None] \
-                + boost(self.orders(state, tree, len(cal.etas), logits.shape[-1]), etas)  # [N, V]
+                + boost(self.levels(state, tree, len(cal.etas) - 1, logits.shape[-1]), etas)  # [N, V]
             rows = z.log_softmax(dim=-1) if sampling.greedy else process_logits(z, sampling).log()
             return RowLaw.from_logp(rows, tree.tokens, tree.parents, k)
         if sampling.greedy:
