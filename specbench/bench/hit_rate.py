@@ -151,16 +151,17 @@ def _padded_cat(parts: Sequence[Tensor]) -> Tensor:
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
 
-def fit_calibration(records: Sequence[RoundRecord], min_rows: int = 32, ngram: bool = False) -> RowTemperature:
+def fit_calibration(records: Sequence[RoundRecord], min_rows: int = 32, ngram: bool = False,
+                    levels: int = LEVELS) -> RowTemperature:
     """Per-depth temperatures by maximum likelihood of the verified outcomes (`RowTemperature.fit`);
-    with `ngram`, jointly with the context n-gram boosts of levels 1..ngram.LEVELS."""
+    with `ngram`, jointly with the context n-gram boosts of levels 1..levels (<= ngram.LEVELS)."""
     rows = [visited_rows(r) for r in records]
     depth, label, lse = (torch.cat([r[i] for r in rows]) for i in range(3))
     if not ngram:
         return RowTemperature.fit(depth, label, lse, GRID, min_rows=min_rows)
     ctx = [visited_context(r) for r in records]
     return RowTemperature.fit_ngram(depth, label, lse, torch.cat([c[0] for c in ctx]), _padded_cat([c[1] for c in ctx]),
-                                    _padded_cat([c[2] for c in ctx]), LEVELS, GRID, min_rows=min_rows)
+                                    _padded_cat([c[2] for c in ctx]), levels, GRID, min_rows=min_rows)
 
 
 def outcome_nll(rec: RoundRecord, cal: RowTemperature | None) -> float:
