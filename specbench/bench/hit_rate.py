@@ -7,7 +7,7 @@ rules are Table 11's rows:
 
   calibrated    top-B of P̂ over the decoder's rows at fitted per-depth temperatures (the served rule)
   calibrated-ngram  the same with the context n-gram expert (`ngram.py`): per-depth temperatures and
-                per-order boosts fitted jointly (needs records with context stats)
+                per-level boosts fitted jointly (needs records with context stats)
   uncalibrated  top-B of P̂ over the raw decoder rows
   threshold     calibrated score >= λ, at most B (reported with the mean number selected)
   draft         top-B of the outcome law of the draft model's own per-depth rows
@@ -17,9 +17,9 @@ rules are Table 11's rows:
 Calibration is cross-fitted: prompts are split into folds, and each fold's rounds are scored with
 temperatures fitted on the other folds' rounds, so no hit rate is measured on rounds its calibration
 saw (`cross_fit`). A miss is split into "wrong k" (no selected outcome stops at the verified node)
-and "wrong anchor" (some do, none with the verified bonus). Reliability of the scores: the mean negative log-likelihood of the verified outcome (nats per
-round) and the expected calibration error of the top-B outcomes' scores (binned score against how
-often that outcome was the verified one).
+and "wrong anchor" (some do, none with the verified bonus). Reliability of the scores: the mean
+negative log-likelihood of the verified outcome (nats per round) and the expected calibration error
+of the top-B outcomes' scores (binned score against how often that outcome was the verified one).
 """
 
 from __future__ import annotations
