@@ -10,8 +10,10 @@ replay at T = 0 (`--mode replay`, the greedy reference and its teacher-forced st
 decoding (`--mode decode`); `--foresight on` records the pipelined rounds instead (blocks served from
 the cache on hits). One file per prompt under OUT/records: rerun the same command to resume.
 Step 2 evaluates every rule at B = 1, 4, 8, 16 with the calibration cross-fitted over prompt folds,
-prints the tables, writes OUT/hits.json and OUT/calibration.json (fitted on all rounds: pass it to
-the drafter as calibration=PATH). `--eval-only` skips step 1.
+prints the tables (hit rates, and each miss split into wrong k / right k but wrong anchor), writes
+OUT/hits.json, OUT/calibration.json and (records with context stats) OUT/calibration_ngram.json, each
+fitted on all rounds: pass one to the drafter as calibration=PATH. `--eval-only` skips step 1, so
+rules are re-scored on the same recorded rounds without running a model.
 """
 
 from __future__ import annotations
@@ -100,25 +102,39 @@ def evaluate(args: argparse.Namespace, out: Path) -> None:
     data = [(x["meta"]["dataset"], [RoundRecord.from_dict(r) for r in x["records"]]) for x in loaded]
     Bs = tuple(int(b) for b in args.Bs.split(","))
     rows, reliability, _ = evaluate_rules(data, Bs=Bs, lam=args.lam, ratio=args.ratio, folds=args.folds)
-    cal = fit_calibration([r for _, rounds in data for r in rounds])
+    everything = [r for _, rounds in data for r in rounds]
+    cal = fit_calibration(everything)
     cal.save(out / "calibration.json")
+    cal_ng = None
+    if all(r.context is not None for r in everything):
+        cal_ng = fit_calibration(everything, ngram=True)
+        cal_ng.save(out / "calibration_ngram.json")
     served = [r.hit for _, rounds in data for r in rounds if r.hit is not None]
     taus = pd.DataFrame([x["meta"] for x in loaded]).groupby("dataset")["tau"].mean().round(3).to_dict()
-    summary = {"hit_rates": rows, "reliability": reliability, "calibration": list(cal.betas), "tau": taus,
+    summary = {"hit_rates": rows, "reliability": reliability, "calibration": list(cal.betas),
+               "calibration_ngram": {"betas": list(cal_ng.betas), "etas": list(cal_ng.etas)} if cal_ng else None, "tau": taus,
                "prompts": pd.DataFrame([x["meta"] for x in loaded]).groupby("dataset").size().to_dict(),
                "live_hit_rate": sum(served) / len(served) if served else None, "args": vars(args)}
     (out / "hits.json").write_text(json.dumps(summary, indent=1) + "\n")
     df = pd.DataFrame(rows)
     table = df.pivot_table(index="rule", columns=["dataset", "B"], values="hit_rate").reindex(
-        [r for r in ("calibrated", "uncalibrated", "threshold", "draft", "ssd", "ssd-decoder") if r in set(df["rule"])])
+        [r for r in ("calibrated", "calibrated-ngram", "uncalibrated", "threshold", "draft", "ssd", "ssd-decoder")
+         if r in set(df["rule"])])
     pd.set_option("display.width", 220)
     print(f"hit rate (rounds per dataset: {df.groupby('dataset')['rounds'].max().to_dict()}; tau {taus})")
     print(table.round(3).to_string())
+    misses = df[df["rule"].isin(["calibrated", "calibrated-ngram"])].melt(
+        id_vars=["dataset", "rule", "B"], value_vars=["miss_wrong_k", "miss_wrong_anchor"], var_name="miss")
+    print("\nmisses (fraction of rounds): wrong k = no selected outcome stops at the verified node")
+    print(misses.pivot_table(index=["rule", "miss"], columns=["dataset", "B"], values="value").round(3).to_string())
     sel = df[df["rule"] == "threshold"].pivot_table(index="rule", columns=["dataset", "B"], values="mean_selected")
     print(f"\nthreshold λ = {args.lam}: mean outcomes selected\n{sel.round(2).to_string()}")
     print("\nreliability (held-out folds): outcome NLL (nats/round), ECE of the top-16 scores")
     print(pd.DataFrame(reliability).round(3).to_string(index=False))
     print(f"\ncalibration fitted on all rounds (per-depth beta): {[round(b, 3) for b in cal.betas]}")
+    if cal_ng is not None:
+        print(f"n-gram calibration fitted on all rounds: beta {[round(b, 3) for b in cal_ng.betas]}, "
+              f"eta (levels: in the context, keys of 1..3 tokens) {[round(e, 3) for e in cal_ng.etas]}")
     if served:
         print(f"live cache hit rate of the recorded run: {summary['live_hit_rate']:.3f} over {len(served)} rounds")
 

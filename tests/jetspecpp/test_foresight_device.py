@@ -127,3 +127,20 @@ def test_the_device_lookup_serves_only_the_verified_outcome(case) -> None:  # ty
     assert bool(hit) == bool(served)
     if served:
         assert int(index) == served[0], "not the first key of the verified outcome (the host cache keeps the first)"
+
+
+def test_device_foresight_with_the_ngram_expert_equals_the_host_round_and_ar(tiny, trained_jpp, ar_tokens) -> None:
+    """The n-gram expert's device context buffer (filled at begin, appended in the lookup) scores as the
+    host round's committed tokens do: same hits, same trees, AR's tokens."""
+    obj, _ = trained_jpp
+    cal = RowTemperature((16.0,), (4.0, 8.0, 2.0))  # strong boosts: they change the selection
+    make = lambda **kw: JetSpecPPDrafter(tiny, head=obj.draft, adapter=obj.adapter, J=1, R=1, foresight="on", B=4,  # noqa: E731
+                                         calibration=cal, pipeline="sequential", **kw)
+    plain = run(tiny, JetSpecPPDrafter(tiny, head=obj.draft, adapter=obj.adapter, J=1, R=1, foresight="on", B=4,
+                                       calibration=RowTemperature((16.0,)), pipeline="sequential", host=True), "chain", 5)
+    device = run(tiny, make(), "chain", 5, check=no_host_reads)
+    host = run(tiny, make(host=True), "chain", 5)
+    for (d_tokens, d_trees, d_hits), (h_tokens, h_trees, h_hits), want in zip(device, host, ar_tokens):
+        assert d_tokens == h_tokens == want
+        assert d_hits == h_hits and d_trees == h_trees
+    assert [h for _, _, h in host] != [h for _, _, h in plain], "the boosts changed no hit: the test would not see them"

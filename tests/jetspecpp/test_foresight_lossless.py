@@ -1,7 +1,8 @@
 """jetspec++ with foresight at T > 0, exactly: the whole SpecDecoder (foresight drafting ahead into the
 speculation cache, blocks served on hits, critical-path drafts on misses) on a float64 target over 5
 tokens, every random draw enumerated (drafting and verification share one enumerator), emits the
-first tokens with exactly the law of ancestral sampling, under every verifier the drafter supports;
+first tokens with exactly the law of ancestral sampling, under every verifier the drafter supports
+(and with the context n-gram expert in the outcome scores);
 and the enumeration covers rounds served from the cache and rounds drafted on the critical path."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from specbench.config import SamplingConfig, SpecConfig
+from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 from specbench.engine import SpecDecoder
 from specbench.verify import enumerate_law, law_gap
@@ -24,6 +26,8 @@ CASES = [  # verifier, top_k, tree, budget, J, R, states, B, selection args (B s
     ("chain-rs", 2, "chain", 2, 2, 1, "true", 3, {"scores": "draft"}),
     ("tree-rrs", 2, "chain", 2, 1, 1, "stale", 1, {"select": "threshold", "lam": 0.05}),
     ("traversal", 2, "chain", 2, 1, 0, "predicted", 1, {}),
+    # the context n-gram expert: outcome scores read the committed tokens, never the verify result
+    ("sample-walk", 0, "chain", 2, 1, 1, "predicted", 1, {"calibration": RowTemperature((1.0,), (1.5, 3.0, 1.0))}),
 ]
 
 

@@ -31,6 +31,7 @@ from torch import Tensor
 from specbench.drafters.base import DraftState
 from specbench.drafters.jetspecpp.foresight import Context, OutcomeBatch
 from specbench.drafters.jetspecpp.calibration import RowTemperature
+from specbench.drafters.jetspecpp.ngram import boost, tree_levels
 from specbench.drafters.jetspecpp.selection import RowLaw, select
 from specbench.trees.base import DraftTree, TreeBatch, TreePolicy
 
@@ -79,12 +80,25 @@ class DeviceForesight:
         self.served: DraftTree | None = None  # [N]: the next round's tree on a hit
         cal = foresight.calibration or RowTemperature.identity()
         self.betas = torch.tensor(cal.betas, dtype=torch.float64, device=dev)  # per-depth inverse temperatures
+        # the context n-gram expert (`ngram.py`): per-order boosts, and the committed tokens on the device
+        self.etas = torch.tensor(cal.etas, dtype=torch.float64, device=dev) if cal.etas else None
+        self.context: Tensor | None = None  # [S] committed tokens (the anchor at `length`)
+        self.length = torch.zeros(1, dtype=torch.long, device=dev)
 
-    def reset(self) -> None:
-        """A new request: nothing is cached (the first round drafts on the critical path)."""
+    def reset(self, tokens: list[int] | None = None, max_seq_len: int = 0) -> None:
+        """A new request: nothing is cached (the first round drafts on the critical path); with the
+        n-gram expert its committed `tokens` (prompt and anchor) enter the context buffer."""
         self.hit.zero_()
         if self.keys is not None:
             self.keys[3].zero_()
+        if self.etas is None or tokens is None:
+            return
+        slots = max(max_seq_len, len(tokens)) + self.drafter.max_path + 2  # a round appends <= max_path + 1; one dump slot
+        if self.context is None or self.context.shape[0] < slots:
+            self.context = torch.full((slots,), -1, dtype=torch.long, device=self.length.device)
+        self.context.fill_(-1)
+        self.context[: len(tokens)].copy_(torch.tensor(tokens, dtype=torch.long))
+        self.length.fill_(len(tokens) - 1)
 
     @torch.no_grad()
     def run(self, state: DraftState, tree: DraftTree, policy: TreePolicy, budget: int) -> None:
@@ -119,7 +133,23 @@ class DeviceForesight:
         """The decoder's rows [N, V] at the calibrated per-depth inverse temperatures (T = 0), as the host
         round's `Foresight.decoder_law` (equal up to float64 rounding), from a table on the device."""
         beta = self.betas[tree.depth.clamp(max=self.betas.shape[0] - 1)]  # [N]
-        return RowLaw.from_logp((logits.to(torch.float64) * beta[:, None]).log_softmax(dim=-1), tree.tokens, tree.parents, k)
+        z = logits.to(torch.float64) * beta[:, None]  # [N, V]
+        if self.etas is not None:
+            assert self.context is not None, "reset(tokens) before the first stage"
+            z = z + boost(tree_levels(self.context, self.length, tree.tokens, tree.depth, tree.ancestor_mask,
+                                      self.etas.shape[0] - 1, z.shape[-1]), self.etas)
+        return RowLaw.from_logp(z.log_softmax(dim=-1), tree.tokens, tree.parents, k)
+
+    def append(self, tree: DraftTree, path: Tensor, count: Tensor, bonus: Tensor) -> None:
+        """The verified outcome's accepted tokens and bonus enter the n-gram context (device ops of
+        static shape: entries past count go to the dump slot)."""
+        assert self.context is not None
+        n, dump = tree.num_nodes, self.context.shape[0] - 1
+        j = torch.arange(1, n, device=path.device)
+        pos = torch.where(j < count, self.length + j, dump)  # [N-1]
+        self.context.scatter_(0, pos, tree.tokens[path[1:].clamp(min=0)])
+        self.context.scatter_(0, self.length + count, bonus)
+        self.length.add_(count)
 
     def _allocate(self, trees: TreeBatch, width: int) -> None:
         (b, n), dev = trees.tokens.shape, trees.tokens.device
@@ -134,6 +164,8 @@ class DeviceForesight:
 
     def lookup(self, tree: DraftTree, path: Tensor, count: Tensor, bonus: Tensor) -> None:
         """The verified outcome (path [N], count [1], bonus [1] of `tree`) against the keys."""
+        if self.etas is not None:
+            self.append(tree, path, count, bonus)
         if self.keys is None:  # no stage ran yet (the eager first round): nothing cached
             self.hit.zero_()
             return

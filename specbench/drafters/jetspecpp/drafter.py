@@ -58,8 +58,9 @@ adapter, JetSpec++ Table 12), block_size, J (refinement passes, default 1), R (c
 0..J, default 1), replace (anchor replacement, default true), states (predicted | stale | true);
 foresight (off | on | score: select and record but draft nothing ahead), B (outcomes drafted ahead,
 default 16), select (top | threshold | ssd), scores (decoder | draft: whose rows rank outcomes), lam
-(the threshold rule's λ), calibration (a per-depth temperature file from scripts/foresight_hits.py;
-none = uncalibrated), fanout_ratio (ssd), draft_device (default: the target's), pipeline (auto |
+(the threshold rule's λ), calibration (a per-depth temperature file from scripts/foresight_hits.py,
+calibration.json; calibration_ngram.json adds the context n-gram expert of `ngram.py`; none =
+uncalibrated), fanout_ratio (ssd), draft_device (default: the target's), pipeline (auto |
 sequential | concurrent), record (keep a `RoundRecord` per round for the offline evaluator); host
 (true: the host round even where the device round could run).
 """
@@ -263,7 +264,7 @@ class JetSpecPPDrafter(HeadDrafter):
         if not self.tracks_states:
             return
         if self.serving:
-            self.device_foresight.reset()  # type: ignore[union-attr]
+            self.device_foresight.reset(state.tokens, max_seq_len)  # type: ignore[union-attr]
             self._branch, self._drafted = "miss", False
         if self.on_device:  # only the refreshes and the foresight stage read block states there
             return self._begin_device(state, prefill, max_seq_len) if self.R > 0 or self.device_foresight else None

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from specbench.config import SamplingConfig
 from specbench.drafters.base import DraftState
 from specbench.drafters.jetspecpp.cache import Entry, Outcome, SpeculationCache
 from specbench.drafters.jetspecpp.calibration import GRID, RowTemperature
 from specbench.drafters.jetspecpp.foresight import OutcomeBatch
+from specbench.drafters.jetspecpp.ngram import ORDERS, ContextStats, boost, tree_levels
 from specbench.drafters.jetspecpp.selection import RowLaw, RowStats, draft_rows, select
 from specbench.trees.base import DraftTree
 from specbench.verify.base import VerifyResult
@@ -57,7 +57,8 @@ class RoundRecord:
     `RowStats` on `calibration.GRID`, the draft model's own rows (`RowLaw`), the verified outcome
     (the node where the walk stopped, the bonus and the decoder's raw logit of the bonus in that
     node's row), whether the drafter's own rule had selected it, and whether this round's block was
-    served from the cache (None: no foresight ran before it)."""
+    served from the cache (None: no foresight ran before it); `context`: the context n-gram expert's
+    continuations of every node (`ngram.ContextStats`, levels 1..ngram.LEVELS; None in older records)."""
 
     tokens: list[int]
     parents: list[int]
@@ -69,17 +70,20 @@ class RoundRecord:
     bonus_logit: float
     in_selection: bool
     hit: bool | None = None
+    context: ContextStats | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "parents": self.parents, "depth": self.depth, "node": self.node,
                 "bonus": self.bonus, "bonus_logit": self.bonus_logit, "in_selection": self.in_selection, "hit": self.hit,
-                "decoder": vars(self.decoder), "draft": vars(self.draft)}
+                "decoder": vars(self.decoder), "draft": vars(self.draft),
+                "context": vars(self.context) if self.context is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RoundRecord":
+        ctx = d.get("context")
         return cls(tokens=d["tokens"], parents=d["parents"], depth=d["depth"], decoder=RowStats(**d["decoder"]),
                    draft=RowLaw(**d["draft"]), node=d["node"], bonus=d["bonus"], bonus_logit=d["bonus_logit"],
-                   in_selection=d["in_selection"], hit=d["hit"])
+                   in_selection=d["in_selection"], hit=d["hit"], context=ContextStats(**ctx) if ctx else None)
 
 
 @dataclass
@@ -93,7 +97,7 @@ class _Pass:
     blocks: Tensor | None  # [B, D, V] the blocks drafted ahead (mode "on")
     k_hats: list[Tensor]
     logits: Tensor | None  # [N, V] the decoder's logits (kept when recording)
-    record: tuple[RowStats, RowLaw] | None
+    record: tuple[RowStats, RowLaw, ContextStats] | None
 
 
 class Foresight:
@@ -158,7 +162,7 @@ class Foresight:
                 law = RowLaw.from_logp(draft_rows(draft_logp, tree.depth),
                                        tree.tokens, tree.parents, k)
             else:
-                law = self.decoder_law(logits, tree, state.sampling, k)
+                law = self.decoder_law(logits, tree, state, k)
             sel = select(self.rule, law, tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, self.B,
                          lam=self.lam, ratio=self.ratio)
             host, ready = d.pipeline.to_host(sel.packed())
@@ -171,16 +175,33 @@ class Foresight:
                 kr = min(logits.shape[-1], RECORD_B + tree.num_nodes)
                 rec = (RowStats.from_logits(logits, tree.tokens, tree.parents, kr, GRID).to("cpu"),
                        RowLaw.from_logp(draft_rows(draft_logp, tree.depth),
-                                        tree.tokens, tree.parents, kr).to("cpu"))
+                                        tree.tokens, tree.parents, kr).to("cpu"),
+                       ContextStats.from_levels(self.levels(state, tree, ORDERS, logits.shape[-1]), logits))
             return _Pass(base=base, selection=host, ready=ready, states=feats, blocks=blocks, k_hats=k_hats,
                          logits=logits if self.record else None, record=rec)
 
         self.pending = d.pipeline.launch(work, tree.tokens, *d.state_pending)
 
-    def decoder_law(self, logits: Tensor, tree: DraftTree, sampling: SamplingConfig, k: int) -> RowLaw:
-        """The decoder's rows at the calibrated inverse temperatures (beta = 1 uncalibrated), processed
-        by `sampling` when it samples."""
+    def levels(self, state: DraftState, tree: DraftTree, orders: int, vocab: int) -> Tensor:
+        """[N, V]: the context n-gram level of every token in every node's row, keys of up to `orders`
+        tokens (`ngram.py`)."""
+        dev = tree.tokens.device
+        context = torch.tensor(state.tokens, dtype=torch.long, device=dev)
+        length = torch.full((1,), state.cache_len, dtype=torch.long, device=dev)
+        return tree_levels(context, length, tree.tokens, tree.depth, tree.ancestor_mask, orders, vocab)
+
+    def decoder_law(self, logits: Tensor, tree: DraftTree, state: DraftState, k: int) -> RowLaw:
+        """The decoder's rows at the calibrated inverse temperatures (beta = 1 uncalibrated), with the
+        calibration's context n-gram boosts if it has any, processed by the sampling settings when
+        they sample."""
         cal = self.calibration or RowTemperature.identity()
+        sampling = state.sampling
+        if cal.etas:
+            etas = torch.tensor(cal.etas, dtype=torch.float64, device=logits.device)
+            z = logits.to(torch.float64) * cal.beta(tree.depth)[:, None] \
+                + boost(self.levels(state, tree, len(cal.etas) - 1, logits.shape[-1]), etas)  # [N, V]
+            rows = z.log_softmax(dim=-1) if sampling.greedy else process_logits(z, sampling).log()
+            return RowLaw.from_logp(rows, tree.tokens, tree.parents, k)
         if sampling.greedy:
             betas = torch.tensor(cal.betas, dtype=torch.float64)  # on the CPU: RowStats reads them
             stats = RowStats.from_logits(logits, tree.tokens, tree.parents, k, betas)
@@ -219,4 +240,4 @@ class Foresight:
             self.records.append(RoundRecord(
                 tokens=list(tokens), parents=list(parents), depth=list(depth), decoder=p.record[0], draft=p.record[1],
                 node=u_star, bonus=verified.bonus, bonus_logit=float(p.logits[u_star, verified.bonus]),
-                in_selection=verified in chosen, hit=self.hit))
+                in_selection=verified in chosen, hit=self.hit, context=p.record[2]))
