@@ -29,6 +29,7 @@ CANDIDATES = {
     "jetspec": ("accum-logp", 16),
     "jetspec-tree": ("accum-logp", 16),
     "eagle3": ("eagle2", 16),
+    "jetspec++": ("chain", 16),  # the paper's setting; J = 1 refinement pass, R = 1 context refresh (its defaults)
 }
 SHIPPED_WITH_CODE = ("ngram", "self")  # need no weights: a failure there is a bug, not a missing head
 

@@ -117,5 +117,16 @@ def test_quickstart_runs_every_available_drafter_and_notes_the_rest() -> None:
     plan = plan_study(load_study(EXPERIMENTS / "quickstart.py"))
     drafters = {v.run.spec.drafter for v in plan.variants}
     assert {None, "ngram", "self"} <= drafters
-    for name in ("dflash", "jetspec", "jetspec-tree", "eagle3"):
+    for name in ("dflash", "jetspec", "jetspec-tree", "eagle3", "jetspec++"):
         assert (name in drafters) or any(f"skipped optional {name} " in note for note in plan.notes)
+
+
+def test_quickstart_covers_every_drafter_that_ships_a_head() -> None:
+    """Found through the registry: a drafter whose head ships for the default target is in the quickstart."""
+    from specbench.drafters import DRAFTERS
+
+    study = load_study(EXPERIMENTS / "quickstart.py")
+    covered = {d for grid in study.grids for d in grid.drafters}
+    shipped = {n for n in DRAFTERS.names() if (w := DRAFTERS.get(n).weights) is not None
+               and w.shipped_dir(n, "smollm2-135m").is_dir()}
+    assert shipped and shipped <= covered, sorted(shipped - covered)
