@@ -117,7 +117,8 @@ class RowTemperature:
             return cls(tuple(data["betas"]), tuple(data.get("etas", ())))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"calibration={str(path)!r} is not a calibration file written by "
-                             f"scripts/foresight_hits.py --fit-out ({type(exc).__name__}: {exc})") from None
+                             f"scripts/foresight_hits.py (OUT/calibration.json or OUT/calibration_ngram.json of its --out) "
+                             f"({type(exc).__name__}: {exc})") from None
 
 
 def _per_depth_argmin(depth: Tensor, nll: Tensor, grid: Tensor, min_rows: int) -> tuple[float, ...]:
