@@ -22,9 +22,9 @@
 #            --head-arg noised:p_mask_only=1 (Table 13)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
 #            Qwen3-8B shapes); the faster level on SmolLM2's AR step becomes SPECBENCH_FUSED_LEVEL for what follows
-#   gputests python -m pytest -m gpu tests/gpu (SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD when given)
+#   gputests python -m pytest -m gpu tests/gpu (SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD, default the shipped head)
 #   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S)
-#   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD; FS_END_S)
+#   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD, default the shipped head; FS_END_S)
 #   eval     the new heads installed as the shipped ones, then: foresight GPU tests, recorded rounds and
 #            calibration (foresight_hits), Table 3 (foresight_table) at chain:16 and ddtree:64, the
 #            per-stage round table of every drafter, each cut by its own timeout (PIPE_END_S)
@@ -160,7 +160,7 @@ EOF
 phase_gputests() {
   local G=$P/gputests; mkdir -p $G
   log "GPU tests"
-  SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m gpu tests/gpu -vv \
+  SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m gpu tests/gpu -vv \
     -p no:cacheprovider -rs > $G/tests.txt 2>&1; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" $G/tests.txt | tail -40
   bundle pack gputests gputests --spool $SPOOL --base $P
 }
@@ -183,7 +183,7 @@ phase_fstable() {
     [ $(left ${FS_END_S:-700}) -lt 45 ] && { log "no time for the $tree foresight table"; continue; }
     log "foresight_table $tree"
     timeout $(left ${FS_END_S:-700}) python3 scripts/foresight_table.py --data $SPECBENCH_DATA --device $DEVICE --dtype $DTYPE \
-      --target $TARGET --head ${JPP_HEAD:?} --tree $tree --n ${FS_N:-5} --max-new-tokens 256 \
+      --target $TARGET --head ${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} --tree $tree --n ${FS_N:-5} --max-new-tokens 256 \
       --configs "${FS_CONFIGS:-ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined}" \
       --out $F/table_${tree%%:*}.jsonl > $F/table_${tree%%:*}.txt 2>&1
     grep -v "^foresight_table:" $F/table_${tree%%:*}.txt | tail -20
