@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specbench.drafters.heads.checkpoint import INT4_GROUP, dequantize_int4, load_head, quantize_int4
+from specbench.drafters.heads.checkpoint import INT4_GROUP, dequantize_int4, quantize_int4
 from specbench.drafters.heads.gptq import InputGrams, gptq_int4, output_error
 
 
