@@ -427,6 +427,8 @@ def cmd_head_convert(args: argparse.Namespace) -> int:
         prompts = training_prompt_ids(target, args.calibrate, DEFAULT_SETS.split(","), max_prompt_len=384,
                                       limit=args.calibration_prompts, seed=args.seed)
     tree, _, budget = (args.calibration_tree or "").partition(":")
+    if budget and not budget.isdigit():
+        raise SystemExit(f"specbench head-convert: --calibration-tree takes POLICY:BUDGET, got {args.calibration_tree!r}")
     done = convert_head(src, dest, target, args.storage, prompts=prompts, tree=tree or None,
                         budget=int(budget or 64), max_new_tokens=args.max_new_tokens, group=args.int4_group)
     print(f"{src} ({done.src_bytes:,} bytes) -> {dest} ({done.dest_bytes:,} bytes, {args.storage})")
@@ -436,6 +438,7 @@ def cmd_head_convert(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
+    from specbench.drafters.heads.checkpoint import STORAGE
     from specbench.train import corpus_cli
 
     p = subparsers.add_parser("train", help="train draft heads (dflash, jetspec, jetspec-tree, eagle3, ...) on a frozen target")
@@ -461,7 +464,7 @@ def register(subparsers: Any) -> None:
     c = subparsers.add_parser("head-convert", help="store a trained head in another kind (int8, int4 or fp32)")
     c.add_argument("head", help="a head directory (head.safetensors + config.json)")
     c.add_argument("dest", help="where the converted head goes")
-    c.add_argument("--storage", required=True, choices=("int8", "int4", "fp32"),
+    c.add_argument("--storage", required=True, choices=STORAGE,
                    help="the new kind; converting a quantized head quantizes its dequantized weights again")
     c.add_argument("--target", default=None, help="target to check the head against (default: the one its config names)")
     c.add_argument("--calibrate", default=None, metavar="DATA_DIR",

@@ -10,14 +10,15 @@ smaller output error.
 
 Calibration: `InputGrams` watches every matrix product while a drafter drafts (a dispatch mode, so it
 sees the products inside functional code and the target's fused layer ops alike) and accumulates X^T X
-for each product whose weight operand shares storage with a watched weight (a row slice such as
-`wqkv.weight[q_dim:]` counts for its whole matrix: rows share inputs). `specbench.train.head_quant`
+for each product whose weight operand lies in a watched weight's memory (a row slice such as
+`wqkv.weight[q_dim:]` counts for its whole matrix, since rows share inputs; a batched stack's row b for
+the weight it is). `specbench.train.head_quant`
 drafts by exact replay over training prompts' greedy continuations (never evaluation items) under it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -158,9 +159,7 @@ def output_error(weight: Tensor, approx: Tensor, gram: Tensor) -> float:
 
 def quantize_state(state: dict[str, Tensor], grams: dict[str, Tensor], group: int = INT4_GROUP,
                    ) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
-    """int4 codes of every weight of `state` that has a Gram matrix (the others round plainly at save)."""
-    return {name: gptq_int4(state[name], grams[name], group) for name in _calibrated(state, grams, group)}
-
-
-def _calibrated(state: dict[str, Tensor], grams: dict[str, Tensor], group: int) -> Iterable[str]:
-    return (n for n, t in state.items() if n in grams and t.ndim == 2 and t.shape[1] % group == 0)
+    """int4 codes of every weight of `state` that has a Gram matrix and whole groups (the others round
+    plainly at save)."""
+    return {n: gptq_int4(t, grams[n], group) for n, t in state.items()
+            if n in grams and t.ndim == 2 and t.shape[1] % group == 0}
