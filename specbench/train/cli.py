@@ -418,6 +418,9 @@ def cmd_head_convert(args: argparse.Namespace) -> int:
         raise SystemExit(f"specbench head-convert: --int4-group must be an even number >= 2, got {args.int4_group}")
     if args.calibrate is not None and args.storage != "int4":
         raise SystemExit(f"specbench head-convert: --calibrate rounds int4 codes; --storage is {args.storage!r}")
+    tree, _, budget = (args.calibration_tree or "").partition(":")
+    if budget and not budget.isdigit():
+        raise SystemExit(f"specbench head-convert: --calibration-tree takes POLICY:BUDGET, got {args.calibration_tree!r}")
     target = load_target(args.target or json.loads((src / CONFIG_FILE).read_text())["target_name"])
     prompts: list[list[int]] = []
     if args.calibrate is not None:
@@ -426,9 +429,6 @@ def cmd_head_convert(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
         prompts = training_prompt_ids(target, args.calibrate, DEFAULT_SETS.split(","), max_prompt_len=384,
                                       limit=args.calibration_prompts, seed=args.seed)
-    tree, _, budget = (args.calibration_tree or "").partition(":")
-    if budget and not budget.isdigit():
-        raise SystemExit(f"specbench head-convert: --calibration-tree takes POLICY:BUDGET, got {args.calibration_tree!r}")
     done = convert_head(src, dest, target, args.storage, prompts=prompts, tree=tree or None,
                         budget=int(budget or 64), max_new_tokens=args.max_new_tokens, group=args.int4_group)
     print(f"{src} ({done.src_bytes:,} bytes) -> {dest} ({done.dest_bytes:,} bytes, {args.storage})")
