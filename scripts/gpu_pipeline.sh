@@ -22,9 +22,14 @@
 #            --head-arg noised:p_mask_only=1 (Table 13)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
 #            Qwen3-8B shapes); the faster level on SmolLM2's AR step becomes SPECBENCH_FUSED_LEVEL for what follows
-#   gputests python -m pytest -m gpu tests/gpu (SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD, default the shipped head)
+#   gputests python -m pytest -m "$GPUTEST_MARK" $GPUTEST_PATHS (default: -m gpu tests/gpu; SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD,
+#            default the shipped head); GPUTEST_PATHS="tests/kernels tests/gpu" GPUTEST_MARK="gpu or not slow" adds every
+#            kernel test on CUDA; GPUTEST_ARGS more pytest flags (e.g. -o faulthandler_timeout=60: a stuck test's stacks)
+#   topk     the ranked top-k kernel's tests on CUDA, then scripts/bench_ranked_topk.py (kernel vs packed keys)
+#   profile  scripts/profile_round.py --kernels for PROFILE_CONFIGS (PROFILE_ARGS: its drafter args; PROFILE_END_S)
 #   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S)
-#   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD, default the shipped head; FS_END_S)
+#   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD, default the shipped head; FS_CAL: a
+#            calibration file for the foresight scores; FS_END_S)
 #   eval     the new heads installed as the shipped ones, then: foresight GPU tests, recorded rounds and
 #            calibration (foresight_hits), Table 3 (foresight_table) at chain:16 and ddtree:64, the
 #            per-stage round table of every drafter, each cut by its own timeout (PIPE_END_S)
@@ -160,9 +165,29 @@ EOF
 phase_gputests() {
   local G=$P/gputests; mkdir -p $G
   log "GPU tests"
-  SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m gpu tests/gpu -vv \
+  SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m "${GPUTEST_MARK:-gpu}" ${GPUTEST_PATHS:-tests/gpu} ${GPUTEST_ARGS:-} -vv \
     -p no:cacheprovider -rs > $G/tests.txt 2>&1; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" $G/tests.txt | tail -40
   bundle pack gputests gputests --spool $SPOOL --base $P
+}
+
+phase_topk() {
+  local T=$P/topk; mkdir -p $T
+  log "ranked top-k: CUDA tests, then the benchmark"
+  timeout ${TOPK_TEST_S:-120} python3 -m pytest -m "gpu or not slow" tests/kernels/test_ranked_topk.py -q -p no:cacheprovider \
+    > $T/tests.txt 2>&1; tail -4 $T/tests.txt
+  timeout ${TOPK_BENCH_S:-120} python3 scripts/bench_ranked_topk.py --out $T/bench.json > $T/bench.txt 2>&1; cat $T/bench.txt
+  bundle pack topk topk --spool $SPOOL --base $P
+}
+
+phase_profile() {
+  local R=$P/profile pargs=${PROFILE_ARGS:-}; mkdir -p $R
+  [ -n "$pargs" ] || pargs='{"foresight": "on", "B": 16, "J": 1, "R": 1}'
+  log "kernel profile: ${PROFILE_CONFIGS:-jetspec++/chain/16} $pargs"
+  timeout $(left ${PROFILE_END_S:-900}) python3 scripts/profile_round.py --device $DEVICE --dtype $DTYPE --prompts 1 \
+    --max-new-tokens 128 --top 40 --kernels --configs "${PROFILE_CONFIGS:-jetspec++/chain/16}" \
+    --drafter-args "$pargs" > $R/profile.txt 2>&1
+  grep -E "^== |Self CUDA time total" $R/profile.txt
+  bundle pack profile profile --spool $SPOOL --base $P
 }
 
 phase_rounds() {
@@ -183,7 +208,7 @@ phase_fstable() {
     [ $(left ${FS_END_S:-700}) -lt 45 ] && { log "no time for the $tree foresight table"; continue; }
     log "foresight_table $tree"
     timeout $(left ${FS_END_S:-700}) python3 scripts/foresight_table.py --data $SPECBENCH_DATA --device $DEVICE --dtype $DTYPE \
-      --target $TARGET --head ${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} --tree $tree --n ${FS_N:-5} --max-new-tokens 256 \
+      --target $TARGET --head ${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} ${FS_CAL:+--calibration $FS_CAL} --tree $tree --n ${FS_N:-5} --max-new-tokens 256 \
       --configs "${FS_CONFIGS:-ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined}" \
       --out $F/table_${tree%%:*}.jsonl > $F/table_${tree%%:*}.txt 2>&1
     grep -v "^foresight_table:" $F/table_${tree%%:*}.txt | tail -20

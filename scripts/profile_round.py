@@ -1,6 +1,8 @@
 """Where a decode round's time goes: per-stage ms/round and a cProfile of the draft stage.
 
     python scripts/profile_round.py --device cuda --dtype bfloat16 --configs dflash/ddtree/64,eagle3/eagle2/64
+    python scripts/profile_round.py --device cuda --dtype bfloat16 --configs jetspec++/chain/16 --kernels \
+        --drafter-args '{"foresight": "on", "B": 16, "J": 1, "R": 1}'    # the pipelined round's kernels
 
 For each drafter/tree/budget: one warm-up request, then `--prompts` timed requests (greedy, GSM8K-like
 prompts that ship with the project) with the engine's stage times (CUDA events between the round's
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import pstats
 import statistics
 import sys
@@ -31,6 +34,8 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--top", type=int, default=22, help="functions shown per profile (by own time)")
     p.add_argument("--no-graphs", action="store_true", help="eager verify forward even on CUDA")
+    p.add_argument("--drafter-args", default="{}", type=json.loads,
+                   help='JSON drafter_args for every config, e.g. \'{"foresight": "on", "B": 16}\' (jetspec++ pipelined)')
     p.add_argument("--kernels", action="store_true",
                    help="also a torch.profiler table of one request (device kernel time per op)")
     args = p.parse_args()
@@ -47,7 +52,7 @@ def main() -> int:
     print(f"{target.name} on {args.device} {args.dtype}, {len(prompts)} prompts x {args.max_new_tokens} tokens")
     for item in args.configs.split(","):
         drafter, tree, budget = item.split("/")
-        spec = SpecConfig(drafter=drafter, tree=tree, budget=int(budget))
+        spec = SpecConfig(drafter=drafter, tree=tree, budget=int(budget), drafter_args=args.drafter_args)
         decoder = SpecDecoder(target, spec, max_seq_len=1024, cuda_graphs=False if args.no_graphs else None)
         decoder.generate(prompts[0], 16)  # warm-up (graph capture, allocator)
         per_stage: dict[str, list[float]] = {}

@@ -10,7 +10,7 @@ or allocations, plus one per Triton launch. Where the CPU runs other code than C
 the values (not counted) and the CUDA code is run beside it for the count, under TRITON_INTERPRET=1 with
 its Triton launches stubbed (counted, not executed): the layer ops (`fused_ops(--level)`: Triton kernels +
 cuBLAS), the target's attention (`triton_tree_attention`) and eagle3's draft-row attention
-(`context_attention`), the ranked top-k over a wide row (`ranked_topk_keys`), ddtree's build (the
+(`context_attention`), the ranked top-k over a wide row (`ranked_topk_triton`), ddtree's build (the
 `top_b_tree` kernel: `ddtree` runs as `ddtree-vec`, its CUDA builder, which gives the same tree), greedy
 acceptance (`tree_accept`) and the K/V commit (`kv_compact`). The split of the attention kernel follows
 the interpreter's SM count (4), so a merge launch may be counted where the H200 (132 SMs) has none.
@@ -93,6 +93,7 @@ def build_drafter(name: str, target: Any, draft_vocab: int) -> Any:
 def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iterator[None]:
     """Every CPU/CUDA divergence of the round shadowed by its CUDA path (module docstring)."""
     from specbench.kernels import reference, tree_attention
+    from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
     from specbench.models.triton_attention import triton_tree_attention
     from specbench.trees import ddtree_vec, ranking
@@ -115,7 +116,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (model, "_attend", shadow(decoder.sdpa_attention, triton_tree_attention)),
         (model, "attention", "triton"),  # eagle3 takes its Triton branch (context_attention)
         (tree_attention, "context_attention", shadow(context_reference, tree_attention.context_attention)),
-        (ranking, "ranked_topk_checked", shadow(ranking.ranked_topk_checked, ranking.ranked_topk_keys)),
+        (ranking, "ranked_topk_checked", shadow(ranking.ranked_topk_checked, ranked_topk_triton)),
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),
                                        functools.partial(vectorised.accept_packed, use_kernel=True))),
         (decoder.KVCache, "compact_with_index_ops",

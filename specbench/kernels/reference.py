@@ -139,3 +139,11 @@ def add_rmsnorm_linear_reference(x: Tensor, delta: Tensor | None, norm_weight: T
 def silu_mul_linear_reference(gate_up: Tensor, weight: Tensor) -> Tensor:
     """`specbench.kernels.norm_linear.silu_mul_linear` as its composition: F.linear(silu(gate) * up, weight)."""
     return torch.nn.functional.linear(silu_mul_reference(gate_up), weight)
+
+
+def ranked_topk_reference(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """`ranked_topk_triton`: (values [R, k] float32 as stored, ids [R, k] int64) of each row of x [R, V] by
+    (value desc, id asc), -0.0 equal to +0.0: one stable sort of the whole row."""
+    x = x.float()
+    ids = torch.sort(x + 0.0, dim=-1, descending=True, stable=True).indices[:, :k]
+    return x.gather(-1, ids), ids

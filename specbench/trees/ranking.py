@@ -52,12 +52,17 @@ def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
     Rows up to `SORT_MAX_WIDTH` wide (a draft vocabulary, a tree's nodes): one stable sort, two kernels.
     Wider rows on the CPU: a float top-k plus tie checks on the k+1 kept values (packing keys over a
-    whole vocabulary costs several passes there); otherwise one top-k over packed int64 keys (no host
-    read: what the GPU round captures).
+    whole vocabulary costs several passes there); on CUDA the packed keys ranked on chip in two Triton
+    launches (`specbench.kernels.ranked_topk`, no host read: what the GPU round captures), where
+    `torch.topk` over the keys is a multi-pass radix select; elsewhere one top-k over packed keys.
     """
     if x.dim() != 2:
         raise ValueError(f"ranked_topk expects a 2-D [rows, vocab] tensor, got shape {tuple(x.shape)}")
     k = min(int(k), x.shape[-1])
+    if x.shape[-1] > SORT_MAX_WIDTH and x.is_cuda and k >= 1:  # the kernel reads bf16 itself: no float copy
+        from specbench.kernels.ranked_topk import ranked_topk_triton
+
+        return ranked_topk_triton(x, k)
     x = x.float()
     if x.shape[-1] <= SORT_MAX_WIDTH:
         return ranked_topk_sorted(x, k)

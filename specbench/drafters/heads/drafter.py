@@ -11,7 +11,7 @@ scratch slots past the committed prefix, overwritten by the next round.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import Callable, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
@@ -105,10 +105,19 @@ class HeadDrafter(Drafter):
                               f"drafter_args block_size={self.block_size}", keys=("drafter_args",))
         self.max_path = self.block_size + 1  # accepted nodes per round, root included (a tree's depth <= block)
         self.cache: KVCache | None = None
+        self.tables: dict[tuple, Tensor] = {}  # static index tables and masks of the shapes run (`table`)
 
     @property
     def taps(self) -> tuple[int, ...]:
         return self.head.config.taps
+
+    def table(self, key: tuple, build: Callable[[], Tensor]) -> Tensor:
+        """A tensor that depends on shapes only (a block pattern, an index table: `key` names it), built by
+        `build` the first time and kept, so a round's stages read it instead of computing it (on the GPU
+        the first, eager round builds it; captured replays read the same tensor: no kernels)."""
+        if key not in self.tables:
+            self.tables[key] = build()
+        return self.tables[key]
 
     @property
     def context_len(self) -> int:
@@ -159,7 +168,7 @@ class HeadDrafter(Drafter):
         positions = (cache.lengths + depth)[None]
         return BlockPlan(AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len), positions,
                          self.head.rope(positions, self.target.model),
-                         cache.lengths[:, None] + torch.arange(q, device=depth.device))
+                         cache.lengths[:, None] + self.table(("arange", q), lambda: torch.arange(q, device=depth.device)))
 
     def run_block(self, state: DraftState, tokens: Tensor, is_mask: Tensor | None, depth: Tensor, within: Tensor,
                   plan: BlockPlan | None = None) -> Tensor:
@@ -179,6 +188,8 @@ class HeadDrafter(Drafter):
         plan: `run_block`'s, over depth 0..b-1 and the head's block pattern."""
         b, dev = self.block_size, self.target.device
         tokens = state.anchor_on(dev).expand(b)
-        offsets = torch.arange(b, device=dev)
-        within = plan.meta.tree_mask[0] if plan is not None else block_pattern(b, self.attention, dev)
-        return self.run_block(state, tokens, offsets > 0, offsets, within, plan)[1:]
+        offsets = self.table(("offsets", b), lambda: torch.arange(b, device=dev))
+        is_mask = self.table(("MASK rows", b), lambda: offsets > 0)
+        within = plan.meta.tree_mask[0] if plan is not None else \
+            self.table(("block pattern", b, self.attention), lambda: block_pattern(b, self.attention, dev))
+        return self.run_block(state, tokens, is_mask, offsets, within, plan)[1:]

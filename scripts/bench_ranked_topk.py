@@ -1,0 +1,67 @@
+"""Time the ranked top-k of wide rows on the GPU: the Triton kernel (`specbench.kernels.ranked_topk`) at a few
+chunk sizes, with `tl.topk` and with a full `tl.sort`, against the packed-key path it replaced
+(`ranked_topk_keys`: int64 keys + torch.topk) and, for scale, a plain float `torch.topk` (no tie rule).
+
+    python scripts/bench_ranked_topk.py [--out FILE.json]
+
+Rows are log-softmaxed bf16-rounded logits over SmolLM2's 49,152-token vocabulary (ties at every cut);
+every variant is first checked equal (ids and values) to the reference on fresh rows. Times are CUDA-graph
+replays (`triton.testing.do_bench_cudagraph`, median): what a captured round pays. The shapes are the
+round's: ddtree's table at budgets 16/64/256 (15 depths), jetspec-tree's node rows, jetspec++'s decoder rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+SHAPES = [(15, 64, "ddtree/64 table"), (15, 16, "ddtree/16 table"), (15, 256, "ddtree/256 table"),
+          (65, 8, "jetspec-tree node rows"), (16, 16, "16 block rows")]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None)
+    p.add_argument("--vocab", type=int, default=49152)
+    args = p.parse_args()
+    from triton.testing import do_bench_cudagraph
+
+    from specbench.kernels.ranked_topk import ranked_topk_triton
+    from specbench.trees.ranking import ranked_topk_keys
+
+    variants = {"keys+torch.topk (before)": ranked_topk_keys,
+                "float torch.topk (no tie rule)": lambda x, k: torch.topk(x, k, dim=-1)}
+    for chunk in (1024, 2048, 4096):
+        variants[f"triton topk chunk {chunk}"] = lambda x, k, c=chunk: ranked_topk_triton(x, k, chunk=c, use_topk=True)
+    variants["triton sort chunk 2048"] = lambda x, k: ranked_topk_triton(x, k, chunk=2048, use_topk=False)
+    variants["ranked_topk (default)"] = lambda x, k: ranked_topk_triton(x, k)
+    rows_out = []
+    g = torch.Generator().manual_seed(0)
+    for rows, k, what in SHAPES:
+        logits = (4 * torch.randn(rows, args.vocab, generator=g)).bfloat16().float()
+        x = torch.log_softmax(logits, -1).cuda()
+        want_vals, want_ids = ranked_topk_keys(x, k)
+        line = {"rows": rows, "k": k, "what": what}
+        for name, fn in variants.items():
+            try:
+                vals, ids = fn(x, k)
+                ok = name.startswith("float") or (torch.equal(ids, want_ids) and torch.equal(vals, want_vals))
+                torch.cuda.synchronize()
+                ms = do_bench_cudagraph(lambda: fn(x, k), rep=50, return_mode="median")
+                line[name] = {"us": round(1000 * ms, 2), "equal": ok}
+            except Exception as e:  # a variant that does not compile on this Triton: say so, go on
+                line[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        rows_out.append(line)
+        print(f"[{rows}, {args.vocab}] k={k} ({what}):")
+        for name in variants:
+            r = line[name]
+            print(f"   {name:32s} " + (f"{r['us']:8.1f} us  equal={r['equal']}" if "us" in r else r["error"]))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows_out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The ranked top-k of wide rows (a draft distribution over the whole vocabulary) in two Triton launches.
+
+Every tree builder ranks a depth's tokens by (log-prob desc, token id asc) (`specbench.trees.ranking`).
+On CUDA the packed-key path (`ranked_topk_reference`: float bits and complemented id in one int64,
+then `torch.topk`) is a multi-pass radix select over 64-bit keys: on a [15, 49,152] table it is ~20
+launches and about 0.2 ms of a ~1.5 ms round. Here the same keys never leave the chip:
+
+  chunk pass  [R, NC] programs: each builds the keys of CH entries of its row and keeps its best KP
+              (KP = k rounded up to a power of two) in a scratch row [R, NC * KP]
+  merge pass  the best KP of those candidates, repeated while a row has more than MERGE_MAX of them;
+              the last one writes the k best ids and their values (read back from the input row)
+
+The keys are unique per id, so "the k largest keys" is one well-defined set in one order: the result
+equals the reference exactly, ties included (tests compare both on rows with many equal values).
+Inputs: x [R, V] float32/bf16/fp16 (any row stride, unit column stride), k <= V. Shapes depend only on
+(R, V, k): the launches can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from specbench.kernels.device import require_kernel_device
+from specbench.kernels.top_b_tree import _order_key
+
+CHUNK = 2048  # entries of a row per program in the chunk pass
+MERGE_MAX = 4096  # candidates one program ranks in a merge pass
+
+
+@triton.jit
+def _best(keys, KP: tl.constexpr, USE_TOPK: tl.constexpr):
+    """The KP largest of `keys` [N] (unique int64), descending."""
+    if USE_TOPK:
+        best = tl.topk(keys, KP)
+    else:
+        best = tl.sort(keys, 0, descending=True)
+    return best
+
+
+@triton.jit
+def _chunk_kernel(X, Cand, V, stride_x, NC, CH: tl.constexpr, KP: tl.constexpr, USE_TOPK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * CH + tl.arange(0, CH)
+    ok = offs < V
+    x = tl.load(X + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    keys = tl.where(ok, _order_key(x, offs), tl.full([CH], -9223372036854775808, tl.int64))  # [CH]
+    best = _best(keys, KP, USE_TOPK)
+    j = tl.arange(0, best.shape[0])
+    tl.store(Cand + (row * NC + chunk) * KP + j, best, mask=j < KP)
+
+
+@triton.jit
+def _merge_kernel(Cand, Out, X, OutVal, OutIdx, M, NC_OUT, K, stride_x,
+                  CH: tl.constexpr, KP: tl.constexpr, FINAL: tl.constexpr, USE_TOPK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * CH + tl.arange(0, CH)
+    keys = tl.load(Cand + row * M + offs, mask=offs < M, other=-9223372036854775808)  # [CH]
+    best = _best(keys, KP, USE_TOPK)
+    j = tl.arange(0, best.shape[0])
+    if FINAL:
+        idx = 0xFFFFFFFF - (best & 0xFFFFFFFF)  # the complemented id back
+        take = j < K
+        val = tl.load(X + row * stride_x + idx, mask=take, other=0.0).to(tl.float32)
+        tl.store(OutIdx + row * K + j, idx, mask=take)
+        tl.store(OutVal + row * K + j, val, mask=take)
+    else:
+        tl.store(Out + (row * NC_OUT + chunk) * KP + j, best, mask=j < KP)
+
+
+def ranked_topk_triton(x: Tensor, k: int, chunk: int = CHUNK, use_topk: bool | None = None,
+                       merge_max: int = MERGE_MAX) -> tuple[Tensor, Tensor]:
+    """(values [R, k] float32, ids [R, k] int64): the k best entries of each row of x [R, V] by (value desc,
+    id asc), -0.0 ranked as +0.0 (values come back as stored). `chunk`: entries per program of the chunk
+    pass (a power of two >= the padded k); `use_topk`: rank with `tl.topk` (default: where Triton has it)
+    instead of a full `tl.sort`; `merge_max`: candidates per program of a merge pass (a power of two)."""
+    require_kernel_device(x)
+    if x.dim() != 2 or x.shape[-1] < 1 or not x.is_floating_point():
+        raise ValueError(f"ranked_topk_triton expects a float [rows, vocab] tensor, got {x.dtype} {tuple(x.shape)}")
+    rows, vocab = x.shape
+    k = int(k)
+    if not 1 <= k <= vocab:
+        raise ValueError(f"k must be in [1, {vocab}], got {k}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    kp = max(2, triton.next_power_of_2(k))  # tl.topk needs a power of two (and >= 2 on older Triton)
+    ch = max(chunk, kp)
+    merge = max(merge_max, 2 * kp)  # a merge pass must shrink its rows
+    if ch & (ch - 1) or merge & (merge - 1):
+        raise ValueError(f"chunk and merge_max must be powers of two, got {chunk}, {merge_max}")
+    topk = hasattr(tl, "topk") if use_topk is None else use_topk
+    dev = x.device
+    vals = torch.empty(rows, k, dtype=torch.float32, device=dev)
+    ids = torch.empty(rows, k, dtype=torch.int64, device=dev)
+    nc = triton.cdiv(vocab, ch)
+    cand = torch.empty(rows, nc * kp, dtype=torch.int64, device=dev)
+    warps = 4 if ch <= 2048 else 8
+    _chunk_kernel[(rows, nc)](x, cand, vocab, x.stride(0), nc, CH=ch, KP=kp, USE_TOPK=topk, num_warps=warps)
+    m = nc * kp
+    while m > merge:  # another round of chunks over the candidates
+        nc_out = triton.cdiv(m, merge)
+        out = torch.empty(rows, nc_out * kp, dtype=torch.int64, device=dev)
+        _merge_kernel[(rows, nc_out)](cand, out, x, vals, ids, m, nc_out, k, x.stride(0),
+                                      CH=merge, KP=kp, FINAL=False, USE_TOPK=topk, num_warps=4 if merge <= 2048 else 8)
+        cand, m = out, nc_out * kp
+    mp = max(kp, triton.next_power_of_2(m))
+    _merge_kernel[(rows, 1)](cand, cand, x, vals, ids, m, 1, k, x.stride(0),
+                             CH=mp, KP=kp, FINAL=True, USE_TOPK=topk, num_warps=4 if mp <= 2048 else 8)
+    return vals, ids
