@@ -13,6 +13,8 @@ kernels run only under TRITON_INTERPRET=1 (set before import).
   tree_attention.py   tree_attention (the target's verify pass) over context_attention (the general form)
   tree_accept.py      greedy acceptance on the GPU (one host read per round)
   kv_compact.py       move the accepted path's K/V to the prefix, all layers in one launch
+  ranked_topk.py      the k best entries of wide rows by (value desc, id asc): chunk + merge passes
+  top_b_tree.py       DDTree's top-B tree over ranked per-depth tables, one program per tree
   fused.py            the decoder layer's element-wise ops (add+RMSNorm, q/k-norm+RoPE+K/V write, SiLU*up)
   norm_linear.py      add+RMSNorm / SiLU*up fused into the matrix product after them (decode, verify rows)
   per_shape.py        the faster of a fused kernel and its unfused composition, timed once per shape
