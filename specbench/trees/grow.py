@@ -90,6 +90,7 @@ def frontier_subtree(tree: DraftTree, frontier: Tensor) -> tuple[DraftTree, Tens
     and the row of each frontier node in it. A drafter without draft-side K/V for earlier nodes runs
     its model on sub's non-root nodes (positions = cache_len + sub.depth, mask = sub.ancestor_mask)
     and reads the logits at `rows`."""
+    frontier = frontier.contiguous()  # (a grower may pass a strided view)
     keep = tree.ancestor_mask[frontier].any(dim=0).nonzero().flatten()  # sorted node ids
     return tree.subtree(keep), torch.searchsorted(keep, frontier)
 
