@@ -117,7 +117,7 @@ class _Launched:
 
     tree: DraftTree  # the verified tree (static buffers on the graphed path)
     size: int  # its draft nodes (a padded host tree: the real ones)
-    readout: Tensor | None = None  # [2 + 2N + 1] int64: Acceptance.packed, the tree's tokens, the finite flag (1: all logits finite)
+    readout: Tensor | None = None  # [2 + 2N + 1] int64: Acceptance.packed, the tree's tokens, the finite flag
     ready: Any = None  # CUDA event: the pinned copy of the readout has landed
     out: ForwardOutput | None = None  # the verify forward's output (static buffers on the graphed path)
     result: VerifyResult | None = None  # a host verifier's result

@@ -99,7 +99,7 @@ class Eagle3Drafter(Drafter):
         # packed (bit j = draft row j + 1: `pack_tree_mask` of visible[:, 1:]) with each row's own bit.
         eye = torch.eye(ROW_CAPACITY, dtype=torch.bool, device=target.device)
         self.row_ids = torch.arange(ROW_CAPACITY, device=target.device)
-        self.slot_offsets = self.row_ids - 1  # row r sits at cache slot len + r - 1 (and depth k at position len - 1 + k)
+        self.slot_offsets = self.row_ids - 1  # row r at cache slot len + r - 1 (depth k at position len - 1 + k)
         self.past_path = torch.full((1,), -1, dtype=torch.long, device=target.device)  # a path entry past the count
         self.eye = eye
         self.own_bits = pack_tree_mask(eye[:, 1:])  # [R, W] int32; row 0 (the root): no draft bit
@@ -145,7 +145,7 @@ class Eagle3Drafter(Drafter):
         n = tree.num_nodes
         depth = tree.depth_bound if tree.depth_bound is not None else n - 1
         rows = min(n, depth + 1)
-        path = acc.path[:rows]  # -1 past the count: index -1 reads the last entry (scratch rows)
+        path = acc.path[:rows].clamp(min=0)  # -1 past the count: the root's features (finite in exact replay too)
         # the node after each path node: path[1:], -1 after the last; a tree's tokens with the bonus
         # appended map -1 (past the accepted path) to the bonus
         nxt = acc.path[1: rows + 1] if rows < n else torch.cat([acc.path[1:], self.past_path])  # [rows]
@@ -170,7 +170,8 @@ class Eagle3Drafter(Drafter):
         steps = torch.arange(m, device=tokens.device) if prefill or m > ROW_CAPACITY else self.row_ids[:m]
         positions = (self.cache.lengths + steps)[None]  # [1, m]; slot = position
         causal, bits = self._causal(m, keep=not prefill)
-        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=causal, kv_len=self.cache.max_seq_len, tree_bits=bits)
+        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=causal, kv_len=self.cache.max_seq_len,
+                             tree_bits=bits)
         attend = self.target.model.attend if self._triton else sdpa_attention  # the target's tree attention
         h = self.head(self._embed(tokens)[None], self.head.fuse(features)[None], positions,
                       self.cache.k[0], self.cache.v[0], positions, meta, attend, self.target.model.ops)  # [1, m, d]
@@ -216,7 +217,8 @@ class Eagle3Drafter(Drafter):
         new = slice(first, first + f)
         rows = self.row_ids[new]  # [F]: a view of the static table
         if self._triton:  # the packed mask only: the parents' ancestors and itself
-            bits = torch.bitwise_or(self.visible_bits[parent_rows], self.own_bits[new], out=self.visible_bits[new])  # [F, W]
+            bits = torch.bitwise_or(self.visible_bits[parent_rows], self.own_bits[new],
+                                    out=self.visible_bits[new])  # [F, W]
             meta, attend = self._bits_attention(bits, f, first + f - 1)
         else:
             vis = torch.bitwise_or(self.visible[parent_rows], self.eye[new], out=self.visible[new])  # [F, R]

@@ -137,8 +137,12 @@ class Eagle3Head(nn.Module):
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions [B, N] -> cos, sin [B, N, 1, D] in the head's dtype (computed in fp32)."""
-        # long * fp32 promotes to fp32 inside the product (one kernel, the values of `.float()` first)
-        emb = (positions[..., None] * self.rope_freq)[:, :, None, :]  # [B, N, 1, D]: both halves at once
+        freq = self.rope_freq
+        # integer positions * fp32 frequencies: promoted to fp32 inside the product (one kernel, the values
+        # of converting first); a frequency table cast to another dtype keeps the fp32 positions of before
+        promotes = freq.dtype == torch.float32 and not positions.is_floating_point()
+        pos = positions[..., None] if promotes else positions[..., None].float()
+        emb = (pos * freq)[:, :, None, :]  # [B, N, 1, D]: both halves at once
         dtype = self.fc.weight.dtype
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
