@@ -12,7 +12,8 @@ each, the drafter's full-vocabulary log-probs of the token that follows the node
 drafter runs its model on the frontier nodes with tree attention: each frontier node attends to the
 committed context and to its own ancestors in `tree` (`frontier_subtree` gives exactly that subtree).
 Every ancestor of a frontier node was itself a frontier node of an earlier call (depths are expanded in
-order, the root first), so a drafter that keeps draft-side K/V per expanded node only ever appends.
+order, the root first, each in one call: the p-th call's frontier is at depth p - 1), so a drafter that
+keeps draft-side K/V per expanded node only ever appends, and knows each call's depth without reading it.
 
 A policy that can grow declares `can_grow = True` and overrides
 
