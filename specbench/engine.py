@@ -117,7 +117,7 @@ class _Launched:
 
     tree: DraftTree  # the verified tree (static buffers on the graphed path)
     size: int  # its draft nodes (a padded host tree: the real ones)
-    readout: Tensor | None = None  # [2 + 2N + 1] int64: Acceptance.packed, the tree's tokens, the non-finite flag
+    readout: Tensor | None = None  # [2 + 2N + 1] int64: Acceptance.packed, the tree's tokens, the finite flag
     ready: Any = None  # CUDA event: the pinned copy of the readout has landed
     out: ForwardOutput | None = None  # the verify forward's output (static buffers on the graphed path)
     result: VerifyResult | None = None  # a host verifier's result
@@ -375,9 +375,10 @@ class SpecDecoder:
 
     def _commit(self, tree: DraftTree, out: ForwardOutput, acc: Acceptance) -> tuple[Tensor, DraftTree, ForwardOutput]:
         """Commit on the device; returns the round's readout [2 + 2N (+ 1) + 1]: the Acceptance, the
-        tree's tokens, a branching drafter's flag, the non-finite flag (and the tree and the forward's
+        tree's tokens, a branching drafter's flag, the finite flag (and the tree and the forward's
         output, for the host)."""
-        bad = (~torch.isfinite(out.logits).all()).long().view(1) if self.check_finite else acc.count.new_zeros(1)
+        # 1 = every logit finite (the cat promotes the flag to int64)
+        finite = torch.isfinite(out.logits).all().view(1) if self.check_finite else acc.count.new_ones(1)
         parts = [acc.packed, tree.tokens]  # the tokens before the anchor (AR's tree token) moves on
         self.cache.commit_packed(acc.path, acc.count)
         if self.drafter is not None and self.device_drafting:
@@ -385,7 +386,7 @@ class SpecDecoder:
             if self.branching:
                 parts.append(self.drafter.branch_flag())
         self.anchor.copy_(acc.bonus)
-        return torch.cat([*parts, bad]), tree, out
+        return torch.cat([*parts, finite]), tree, out
 
     def _device_stages(self, state: DraftState, sampling: SamplingConfig) -> tuple[list[Stage], list[Stage]]:
         """(eager prefix, capturable rest) of a round decided on the device."""
@@ -530,7 +531,7 @@ class SpecDecoder:
         if launched.ready is not None:
             launched.ready.synchronize()
         values = launched.readout.tolist()
-        self._raise_if_nonfinite(bool(values[-1]), f"round {round_no}")
+        self._raise_if_nonfinite(not values[-1], f"round {round_no}")
         values = values[:-1]
         if self.branching:
             self.drafter.read_branch(values.pop())  # type: ignore[union-attr]

@@ -85,7 +85,7 @@ class KVCache:
 
     def advance_device(self, count: Tensor, row: int = 0) -> None:
         """`advance` by count [1], a device tensor (no host read; host_lengths is read back on demand)."""
-        self.lengths[row] += count[0]
+        self.lengths[row: row + 1].add_(count)  # one in-place add (`lengths[row] += ...` copies the view back)
         self._host = None
 
     def commit(self, path: Sequence[int] | Tensor, row: int = 0) -> None:
@@ -120,6 +120,9 @@ class KVCache:
         layers, K and V (in place: dst <= src). CUDA (or the Triton interpreter)."""
         from specbench.kernels.kv_compact import kv_compact
 
+        if self.batch == 1:  # the kernel takes the path itself
+            kv_compact(self.k, self.v, path, self.lengths)
+            return
         rows = torch.full((self.batch, path.numel()), -1, dtype=torch.long, device=path.device)
         rows[row] = path
         kv_compact(self.k, self.v, rows, self.lengths)  # the lengths are the base slots: grow after

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from specbench.registry import require_declared
-from specbench.trees.ranking import ranked_topk
+from specbench.trees.ranking import ranked_topk, top_indices
 
 
 class TreeError(ValueError):
@@ -405,8 +405,7 @@ def select_top_scores(candidates: DraftTree, budget: int) -> DraftTree:
     n = candidates.num_nodes
     if n - 1 <= budget:
         return candidates
-    scores = candidates.scores[1:].double()
-    # Stable descending sort: equal scores keep node order, so a parent precedes an equal child.
-    order = torch.sort(-scores, stable=True).indices[:budget] + 1
+    # Stable descending sort (`top_indices`): equal scores keep node order, so a parent precedes an equal child.
+    order = top_indices(candidates.scores[1:], budget) + 1
     keep = torch.nn.functional.pad(order.to(candidates.device), (1, 0))  # the root (id 0) first
     return candidates.subtree(keep.sort().values, checked=False)  # closed under parents by the score order

@@ -12,7 +12,8 @@ each, the drafter's full-vocabulary log-probs of the token that follows the node
 drafter runs its model on the frontier nodes with tree attention: each frontier node attends to the
 committed context and to its own ancestors in `tree` (`frontier_subtree` gives exactly that subtree).
 Every ancestor of a frontier node was itself a frontier node of an earlier call (depths are expanded in
-order, the root first), so a drafter that keeps draft-side K/V per expanded node only ever appends.
+order, the root first, each in one call: the p-th call's frontier is at depth p - 1), so a drafter that
+keeps draft-side K/V per expanded node only ever appends, and knows each call's depth without reading it.
 
 A policy that can grow declares `can_grow = True` and overrides
 
@@ -90,6 +91,7 @@ def frontier_subtree(tree: DraftTree, frontier: Tensor) -> tuple[DraftTree, Tens
     and the row of each frontier node in it. A drafter without draft-side K/V for earlier nodes runs
     its model on sub's non-root nodes (positions = cache_len + sub.depth, mask = sub.ancestor_mask)
     and reads the logits at `rows`."""
+    frontier = frontier.contiguous()  # (a grower may pass a strided view)
     keep = tree.ancestor_mask[frontier].any(dim=0).nonzero().flatten()  # sorted node ids
     return tree.subtree(keep), torch.searchsorted(keep, frontier)
 
@@ -105,7 +107,9 @@ def beam_grow(anchor: Anchor, topk: TopkFn, budget: int, width: int, depth: int,
     package's tie rule; beams are chosen by the same rule. `depth` frontiers are expanded (root
     included): EAGLE-2's `depth` setting d expands d+1 frontiers. The candidates are written into
     buffers allocated once for the largest layout (`width` children a beam), so a depth costs a few
-    kernels and `topk` sees views of the tree so far (no concatenation).
+    kernels and `topk` sees views of the tree so far (no concatenation): the depths of the layout are
+    written once, the next beams' ids straight into the next block's parents, and the last depth
+    chooses no beams.
     """
     depth = min(depth, budget)
     size = 1 + sum(beams * width for beams in _beam_counts(width, depth))
@@ -113,10 +117,11 @@ def beam_grow(anchor: Anchor, topk: TopkFn, budget: int, width: int, depth: int,
     parents, depths = torch.empty_like(tokens), torch.empty_like(tokens)
     scores = torch.empty(size, dtype=torch.float32, device=device)
     tokens[:1].copy_(anchor_tensor(anchor, device))
+    parents[: 1 + width].fill_(0)  # the root's children (the root's own entry next)
     parents[:1].fill_(-1)
-    depths[:1].fill_(0)
+    _layout_depths(width, depths)  # all depths at once (rewritten depth by depth if the layout is not regular)
     scores[:1].fill_(0.0)
-    frontier = torch.zeros(1, dtype=torch.long, device=device)
+    frontier = parents[1:2]  # [1]: the root (node 0), a view
     beam_scores = scores[:1]
     count = 1
     for d in range(depth):
@@ -127,13 +132,27 @@ def beam_grow(anchor: Anchor, topk: TopkFn, budget: int, width: int, depth: int,
         cand = scores[count:end]  # [F*k] by (beam place, rank)
         torch.add(beam_scores[:, None], lp.float().clamp(max=0.0), out=cand.view(f, k))
         tokens[count:end].view(f, k).copy_(tok)
-        parents[count:end].view(f, k).copy_(frontier[:, None])
-        depths[count:end].fill_(d + 1)
-        best = top_indices(cand, width)
-        frontier, beam_scores = best + count, cand[best]
+        if k < width:  # fewer children than width (a tiny vocabulary): not the regular layout
+            depths[count:end].fill_(d + 1)
+        if d + 1 < depth:  # the next beams (none after the last depth); their ids are the next block's parents
+            best = top_indices(cand, width)  # [F'] places in this block
+            nxt = parents[end: end + best.numel() * k].view(-1, k)  # [F', k]
+            torch.add(best[:, None].expand_as(nxt), count, out=nxt)
+            frontier, beam_scores = nxt[:, 0], cand[best]
         count = end
     candidates = DraftTree(tokens[:count], parents[:count], depths[:count], scores=scores[:count], depth_bound=depth)
     return select_top_scores(candidates, budget)
+
+
+def _layout_depths(width: int, out: Tensor) -> Tensor:
+    """Fill out [size] with the depth of each slot of `beam_grow`'s regular layout (the root, then blocks
+    of width, width**2, width**2, ... nodes at depths 1, 2, 3, ...) in a few kernels instead of a fill a
+    depth: slot i >= 1 sits at depth 2 + floor((i - 1 - width) / width**2), the root at 0."""
+    sq, size = width * width, out.numel()
+    torch.arange(2 * sq - 1 - width, 2 * sq - 1 - width + size, out=out).div_(sq, rounding_mode="floor")
+    if width > 1:  # width 1 (a chain): slot i at depth i, the root's 0 included
+        out[:1].fill_(0)
+    return out
 
 
 def _beam_counts(width: int, depth: int) -> list[int]:

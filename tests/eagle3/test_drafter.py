@@ -126,7 +126,7 @@ def test_grown_tree_nodes_are_conditioned_on_their_own_path(tiny8, trained_tiny)
             expected = chain.to_target_logp(chain.feed_context(st))
             parent = torch.zeros(1, dtype=torch.long)
             for depth, tok in enumerate(path, start=1):
-                parent, lp = chain.run_nodes(torch.tensor([tok]), parent, torch.tensor([depth]))
+                parent, lp = chain.run_nodes(torch.tensor([tok]), parent, depth)
                 expected = chain.to_target_logp(lp[0])
         torch.testing.assert_close(logp, expected, rtol=1e-4, atol=1e-5)
 

@@ -85,8 +85,7 @@ def test_ttt_steps_equal_test_time_drafting(tiny8) -> None:
             for s in range(1, steps):
                 # a sibling in the same frontier must not change the true path's distribution
                 sibling = (seq[i + 1 + s] + 1) % cfg.vocab_size
-                rows, logps = drafter.run_nodes(torch.tensor([sibling, seq[i + 1 + s]]), parent.repeat(2),
-                                                torch.full((2,), s))
+                rows, logps = drafter.run_nodes(torch.tensor([sibling, seq[i + 1 + s]]), parent.repeat(2), s)
                 torch.testing.assert_close(logps[1], ttt[s][0, i], rtol=1e-4, atol=1e-5)
                 parent = rows[1:]
 

@@ -17,8 +17,8 @@ from specbench.trees.base import DepthScores
 
 class ToyDrafter:
     """An autoregressive 'model': next-token log-probs are a fixed random function of the token path
-    (with exact ties when `ties`). As `expand` it checks the contract: one depth per call, and every
-    ancestor of a frontier node was expanded by an earlier call."""
+    (with exact ties when `ties`). As `expand` it checks the contract: one depth per call, in order from
+    the root, and every ancestor of a frontier node was expanded by an earlier call."""
 
     def __init__(self, vocab: int, seed: int, ties: bool) -> None:
         self.vocab, self.seed, self.ties = vocab, seed, ties
@@ -37,7 +37,7 @@ class ToyDrafter:
         self.calls += 1
         tree.validate()
         ids = frontier.tolist()
-        assert len({tree.host[2][i] for i in ids}) == 1, "a frontier is one depth"
+        assert {tree.host[2][i] for i in ids} == {self.calls - 1}, "a frontier is one depth, the p-th call's p - 1"
         for node in ids:
             assert set(tree.path_to(node)[:-1]) <= self.expanded, "ancestors are expanded first"
         self.expanded |= set(ids)

@@ -99,11 +99,19 @@ class Eagle3Drafter(Drafter):
         # packed (bit j = draft row j + 1: `pack_tree_mask` of visible[:, 1:]) with each row's own bit.
         eye = torch.eye(ROW_CAPACITY, dtype=torch.bool, device=target.device)
         self.row_ids = torch.arange(ROW_CAPACITY, device=target.device)
+        self.slot_offsets = self.row_ids - 1  # row r at cache slot len + r - 1 (depth k at position len - 1 + k)
+        self.past_path = torch.full((1,), -1, dtype=torch.long, device=target.device)  # a path entry past the count
         self.eye = eye
         self.own_bits = pack_tree_mask(eye[:, 1:])  # [R, W] int32; row 0 (the root): no draft bit
         self.visible_bits = torch.zeros_like(self.own_bits)
         self.node_rows = torch.zeros(ROW_CAPACITY, dtype=torch.long, device=target.device)  # tree node id -> row
         self.root_logp = torch.zeros(self.head.draft_vocab, dtype=torch.float32, device=target.device)  # [K]
+        # This round's tables, made once by `feed_context`: the cache slot of each row [R] and the RoPE
+        # cos, sin [1, D + 1, 1, hd] of each depth 0..D (depth k sits at the slot of row k), so a head pass
+        # slices both instead of computing positions and angles.
+        self.round_slots = self.slot_offsets
+        self.round_rope: tuple[Tensor, Tensor] | None = None
+        self.causal: dict[tuple[int, bool], tuple[Tensor, Tensor | None]] = {}  # (feed size m, Triton) -> mask, bits
         self.passes = 0  # head passes of the last drafted round, its context feed included
 
     @property
@@ -127,20 +135,22 @@ class Eagle3Drafter(Drafter):
         dev = self.target.device
         n = state.cache_len  # entries 0..n-1: (x_{j+1}, g_j), x_n = the anchor
         tokens = torch.tensor(state.tokens[1: n + 1], dtype=torch.long, device=dev)
-        self.feed(tokens, self._features(prefill)[:n], torch.full((1,), n, dtype=torch.long, device=dev))
+        self.feed(tokens, self._features(prefill)[:n], torch.full((1,), n, dtype=torch.long, device=dev), prefill=True)
 
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """Feed the newly committed positions: entry j pairs the j-th accepted token after the root
         (the bonus last) with the target features at the j-th path node. The path is padded to the
         tree's depth + 1 rows (static); rows past the count are fed as scratch and dropped."""
         acc = result if isinstance(result, Acceptance) else Acceptance.from_result(result, tree.num_nodes, self.target.device)
-        depth = tree.depth_bound if tree.depth_bound is not None else tree.num_nodes - 1
-        rows = min(tree.num_nodes, depth + 1)
-        path = acc.path[:rows]
-        nxt = torch.cat([path[1:], path.new_full((1,), -1)])  # node after each path node
-        step = torch.arange(rows, device=path.device)
-        tokens = torch.where(step == acc.count - 1, acc.bonus, tree.tokens[nxt.clamp(min=0)])
-        self.feed(tokens, self._features(target_out)[path.clamp(min=0)], acc.count)
+        n = tree.num_nodes
+        depth = tree.depth_bound if tree.depth_bound is not None else n - 1
+        rows = min(n, depth + 1)
+        path = acc.path[:rows].clamp(min=0)  # -1 past the count: the root's features (finite in exact replay too)
+        # the node after each path node: path[1:], -1 after the last; a tree's tokens with the bonus
+        # appended map -1 (past the accepted path) to the bonus
+        nxt = acc.path[1: rows + 1] if rows < n else torch.cat([acc.path[1:], self.past_path])  # [rows]
+        tokens = torch.cat([tree.tokens, acc.bonus])[nxt]  # [rows]
+        self.feed(tokens, self._features(target_out)[path], acc.count)
 
     def _features(self, out: ForwardOutput) -> Tensor:
         """[N, F*d]: the tapped target layers of every position of `out`, in feature order."""
@@ -150,38 +160,56 @@ class Eagle3Drafter(Drafter):
         return self.target.model.embed(tokens)
 
     # ---- head passes ----------------------------------------------------------------------------
-    def feed(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
+    def feed(self, tokens: Tensor, features: Tensor, count: Tensor, prefill: bool = False) -> None:
         """Run m committed entries (tokens [m], target features [m, F*d]) at positions len..len+m-1,
         causal among themselves, of which the first count [1] are real: their K/V join the head cache
-        (len += count) and the output of entry count-1 predicts depth 1 of the next round."""
+        (len += count) and the output of entry count-1 predicts depth 1 of the next round. `prefill`: the
+        prompt's feed (any m; its mask is not kept)."""
         assert self.cache is not None, "begin() was not called"
         m = tokens.shape[0]
-        dev = self.target.device
-        positions = (self.cache.lengths + torch.arange(m, device=dev))[None]  # [1, m]; slot = position
-        causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril_()[None]
-        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=causal, kv_len=self.cache.max_seq_len)
+        steps = torch.arange(m, device=tokens.device) if prefill or m > ROW_CAPACITY else self.row_ids[:m]
+        positions = (self.cache.lengths + steps)[None]  # [1, m]; slot = position
+        causal, bits = self._causal(m, keep=not prefill)
+        meta = AttentionMeta(lengths=self.cache.lengths, tree_mask=causal, kv_len=self.cache.max_seq_len,
+                             tree_bits=bits)
         attend = self.target.model.attend if self._triton else sdpa_attention  # the target's tree attention
         h = self.head(self._embed(tokens)[None], self.head.fuse(features)[None], positions,
                       self.cache.k[0], self.cache.v[0], positions, meta, attend, self.target.model.ops)  # [1, m, d]
-        last = h[0].index_select(0, count - 1)  # [1, d]
-        self.hidden_rows[0:1].copy_(last)
-        self.root_logp.copy_(self._logp(last)[0])
+        last = torch.index_select(h[0], 0, count - 1, out=self.hidden_rows[0:1])  # [1, d]
+        torch.log_softmax(self.head.logits(last, self.target.model.ops).float(), -1, out=self.root_logp[None])
         self.cache.advance_device(count)
 
-    def feed_context(self, state: DraftState) -> Tensor:
-        """Start a round: the root's child log-probs over the draft vocabulary [K] (the committed
-        entries were fed by `begin` / `observe`)."""
+    def _causal(self, m: int, keep: bool = True) -> tuple[Tensor, Tensor | None]:
+        """The causal mask of m fed entries [1, m, m] and, for the Triton kernel, its packed bits [1, m, W]:
+        made on the first feed of each size (an eager round) and kept (`keep`), then read (a round's feed
+        has one size: the tree's depth bound + 1)."""
+        key = (m, self._triton)
+        if key in self.causal:
+            return self.causal[key]
+        causal = torch.ones(m, m, dtype=torch.bool, device=self.target.device).tril_()[None]
+        made = (causal, pack_tree_mask(causal) if self._triton else None)
+        if keep:
+            self.causal[key] = made
+        return made
+
+    def feed_context(self, state: DraftState, max_depth: int = ROW_CAPACITY - 1) -> Tensor:
+        """Start a round of draft nodes up to `max_depth`: the root's child log-probs over the draft
+        vocabulary [K] (the committed entries were fed by `begin` / `observe`); the round's slot and RoPE
+        tables."""
+        assert self.cache is not None, "begin() was not called"
         self.rows = 0
         self.passes = 1  # the feed that prepared this round
+        self.round_slots = self.cache.lengths + self.slot_offsets  # [R]
+        self.round_rope = self.head.rope(self.round_slots[: min(max_depth, ROW_CAPACITY - 1) + 1][None])
         return self.root_logp
 
-    def run_nodes(self, tokens: Tensor, parent_rows: Tensor, depth: Tensor) -> tuple[Tensor, Tensor]:
-        """One head pass over a frontier of F new draft nodes of this round.
+    def run_nodes(self, tokens: Tensor, parent_rows: Tensor, depth: int) -> tuple[Tensor, Tensor]:
+        """One head pass over a frontier of F new draft nodes of this round, all at depth `depth` >= 1.
 
-        tokens [F] target ids; parent_rows [F] rows of their parents (0 = the root); depth [F] >= 1.
+        tokens [F] target ids; parent_rows [F] rows of their parents (0 = the root).
         Each node attends to the committed entries, its ancestors' entries and itself.
         Returns (rows [F] assigned to the nodes, child log-probs over the draft vocabulary [F, K])."""
-        assert self.cache is not None, "begin() was not called"
+        assert self.cache is not None and self.round_rope is not None, "begin() / feed_context() was not called"
         f = int(tokens.numel())
         first = self.rows + 1
         if first + f > ROW_CAPACITY:
@@ -189,22 +217,21 @@ class Eagle3Drafter(Drafter):
         new = slice(first, first + f)
         rows = self.row_ids[new]  # [F]: a view of the static table
         if self._triton:  # the packed mask only: the parents' ancestors and itself
-            bits = self.visible_bits[parent_rows] | self.own_bits[new]  # [F, W]
-            self.visible_bits[new] = bits
+            bits = torch.bitwise_or(self.visible_bits[parent_rows], self.own_bits[new],
+                                    out=self.visible_bits[new])  # [F, W]
             meta, attend = self._bits_attention(bits, f, first + f - 1)
         else:
-            vis = self.visible[parent_rows] | self.eye[new]  # [F, R]: the parents' ancestors and itself
-            self.visible[new] = vis
+            vis = torch.bitwise_or(self.visible[parent_rows], self.eye[new], out=self.visible[new])  # [F, R]
             meta, attend = self._rows_attention(vis, rows, first + f - 1)
-        base = self.cache.lengths - 1  # [1]: row r sits at slot len + r - 1, depth k at position len - 1 + k
-        positions = (base + depth)[None]
-        slots = (base + rows)[None]
-        h = self.head(self._embed(tokens)[None], self.hidden_rows[parent_rows][None], positions,
-                      self.cache.k[0], self.cache.v[0], slots, meta, attend, self.target.model.ops)[0]  # [F, d]
+        cos, sin = (t[:, depth: depth + 1].expand(1, f, *t.shape[2:]) for t in self.round_rope)  # [1, F, 1, hd] views
+        ops = self.target.model.ops
+        x, delta = self.head.step(self._embed(tokens)[None], self.hidden_rows[parent_rows][None], (cos, sin),
+                                  self.cache.k[0], self.cache.v[0], self.round_slots[new][None], meta, attend, ops)
+        logits, h = self.head.logits_and_hidden(x[0], delta[0], ops)  # [F, K], [F, d]
         self.hidden_rows[new] = h
         self.rows += f
         self.passes += 1
-        return rows, self._logp(h)
+        return rows, F.log_softmax(logits.float(), dim=-1)
 
     @property
     def _triton(self) -> bool:
@@ -236,9 +263,6 @@ class Eagle3Drafter(Drafter):
         return AttentionMeta(lengths=lengths, tree_mask=self.eye[:f, :f][None], kv_len=slots_total,
                              dense_mask=dense[None, None]), sdpa_attention  # [1, 1, F, S]
 
-    def _logp(self, hidden: Tensor) -> Tensor:
-        return F.log_softmax(self.head.logits(hidden, self.target.model.ops).float(), dim=-1)
-
     def to_target_logp(self, logp: Tensor) -> Tensor:
         """Draft-vocabulary log-probs [..., K] -> target-vocabulary log-probs [..., V] (-inf outside)."""
         out = logp.new_full((*logp.shape[:-1], self.target.config.vocab_size), float("-inf"))
@@ -246,7 +270,7 @@ class Eagle3Drafter(Drafter):
 
     # ---- drafting ----------------------------------------------------------------------------------
     def draft(self, state: DraftState, policy: TreePolicy, budget: int) -> DraftTree:
-        root_logp = self.feed_context(state)
+        root_logp = self.feed_context(state, budget)  # growing to max_depth = budget: no node deeper
         anchor = state.anchor_on(self.target.device)
         if policy.name == "chain":
             return self._draft_chain(state, anchor, root_logp, budget)
@@ -272,13 +296,14 @@ class Eagle3Drafter(Drafter):
 
     def draft_logp(self, tree: DraftTree, frontier: Tensor) -> Tensor:
         """Child log-probs over the draft vocabulary [F, K] of the frontier nodes of `tree` (one head pass;
-        the root's come from the context feed)."""
+        the root's come from the context feed). A grower expands each depth once, in order from the root
+        (`specbench.trees.grow`), so the p-th pass of a round is at depth p."""
         if tree.num_nodes == 1:  # the root: computed with the context feed
             return self.root_logp[None]
         if tree.num_nodes > ROW_CAPACITY:
             raise RuntimeError(f"eagle3: a tree of more than {ROW_CAPACITY} candidates; lower the budget or tree width")
         parent_rows = self.node_rows[tree.parents[frontier]]  # node 0 -> row 0 (the root)
-        rows, logp = self.run_nodes(tree.tokens[frontier], parent_rows, tree.depth[frontier])
+        rows, logp = self.run_nodes(tree.tokens[frontier], parent_rows, self.passes)
         self.node_rows[frontier] = rows
         return logp
 
@@ -300,8 +325,7 @@ class Eagle3Drafter(Drafter):
             tokens.append(d2t[index])
             picked.append(logp[index])
             if depth < budget:
-                depth_t = torch.full((1,), depth, dtype=torch.long, device=dev)
-                parent, child_logp = self.run_nodes(d2t[index], parent, depth_t)
+                parent, child_logp = self.run_nodes(d2t[index], parent, depth)
                 logp = child_logp[0]
         tree = DraftTree.chain(anchor, torch.cat(tokens), torch.stack(probs) if probs else None, device=dev)
         tree.scores = torch.cat([logp.new_zeros(1), torch.cumsum(torch.cat(picked), 0)])

@@ -137,7 +137,12 @@ class Eagle3Head(nn.Module):
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions [B, N] -> cos, sin [B, N, 1, D] in the head's dtype (computed in fp32)."""
-        emb = (positions[..., None].float() * self.rope_freq)[:, :, None, :]  # [B, N, 1, D]: both halves at once
+        freq = self.rope_freq
+        # integer positions * fp32 frequencies: promoted to fp32 inside the product (one kernel, the values
+        # of converting first); a frequency table cast to another dtype keeps the fp32 positions of before
+        promotes = freq.dtype == torch.float32 and not positions.is_floating_point()
+        pos = positions[..., None] if promotes else positions[..., None].float()
+        emb = (pos * freq)[:, :, None, :]  # [B, N, 1, D]: both halves at once
         dtype = self.fc.weight.dtype
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -147,13 +152,27 @@ class Eagle3Head(nn.Module):
         target feature, or the head's own previous output); K/V are written to `slots` [B, N] of the
         one-layer caches [B, Hkv, S, D] and `attend` decides what each entry sees. Returns the new
         hidden [B, N, d] (pre-norm: it is what gets fed back)."""
+        x, delta = self.step(embeds, hidden, self.rope(positions), k_cache, v_cache, slots, meta, attend, ops)
+        return x + delta
+
+    def step(self, embeds: Tensor, hidden: Tensor, rope: tuple[Tensor, Tensor], k_cache: Tensor, v_cache: Tensor,
+             slots: Tensor, meta: AttentionMeta | None, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS
+             ) -> tuple[Tensor, Tensor]:
+        """`forward` with the RoPE tables given (cos, sin [B, N, 1, D], e.g. rows of a table computed once
+        per round) and the new hidden returned as (x, delta) with x + delta unsummed, so the caller fuses
+        the add into the final norm (`logits_and_hidden`)."""
         dtype = self.fc.weight.dtype
         embeds, hidden = embeds.to(dtype), hidden.to(dtype)
-        cos, sin = self.rope(positions)
+        cos, sin = rope
         x = torch.cat([_norm(ops, self.embed_norm, embeds), _norm(ops, self.hidden_norm, hidden)], dim=-1)  # [B, N, 2d]
         a = self.attn(x, cos, sin, k_cache, v_cache, slots, meta, attend, ops)  # type: ignore[arg-type]
         normed, h = ops.norm(hidden, self.mlp_norm.weight, self.mlp_norm.eps, a)  # h = hidden + attention
-        return h + self.mlp(normed, ops)
+        return h, self.mlp(normed, ops)
+
+    def logits_and_hidden(self, x: Tensor, delta: Tensor, ops: LayerOps = REFERENCE_OPS) -> tuple[Tensor, Tensor]:
+        """(logits [..., K], hidden = x + delta [..., d]) from `step`'s output: the residual add, the final
+        norm and the LM head as the target's last layer runs them (`add_rmsnorm_linear`)."""
+        return ops.add_rmsnorm_linear(x, delta, self.norm.weight, self.norm.eps, self.lm_head.weight, None)
 
     def logits(self, hidden: Tensor, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """[..., d] -> draft-vocabulary logits [..., K]."""
