@@ -58,9 +58,9 @@ def main() -> None:
         for name in variants:
             r = line[name]
             print(f"   {name:32s} " + (f"{r['us']:8.1f} us  equal={r['equal']}" if "us" in r else r["error"]))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows_out}, f, indent=1)
+        if args.out:  # after every shape: a run cut by its time limit keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows_out}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,12 @@ def pack_tree_mask(mask: Tensor) -> Tensor:
         raise ValueError(f"the mask must be a bool tensor [..., N, M], got {mask.dtype} {tuple(mask.shape)}")
     n = mask.shape[-1]
     words = num_words(n)
-    padded = torch.nn.functional.pad(mask.to(torch.int32), (0, words * BITS - n))  # [..., N, W*32]
+    padded = mask if words * BITS == n else torch.nn.functional.pad(mask, (0, words * BITS - n))  # [..., N, W*32]
     # Bit 31 has the int32 value -2**31, so a sum of distinct bits never overflows: sum == bitwise or.
-    # Built on the device (no host->device copy), so a CUDA graph can capture the packing.
-    weights = 2 ** torch.arange(BITS, dtype=torch.int64, device=mask.device)
-    weights = torch.where(weights >= 2 ** (BITS - 1), weights - 2 ** BITS, weights).to(torch.int32)
-    return (padded.view(*mask.shape[:-1], words, BITS) * weights).sum(-1, dtype=torch.int32)
+    # The bit values are made on the device (no host->device copy), so a CUDA graph can capture the
+    # packing: five kernels at most (pad, arange, shift, where, sum).
+    bit = 1 << torch.arange(BITS, dtype=torch.int32, device=mask.device)  # [32]
+    return torch.where(padded.view(*mask.shape[:-1], words, BITS), bit, 0).sum(-1, dtype=torch.int32)
 
 
 def unpack_tree_mask(bits: Tensor, n: int) -> Tensor:

@@ -25,20 +25,10 @@ import triton.language as tl
 from torch import Tensor
 
 from specbench.kernels.device import require_kernel_device
-from specbench.kernels.top_b_tree import _order_key
+from specbench.kernels.top_b_tree import _best, _order_key
 
 CHUNK = 2048  # entries of a row per program in the chunk pass
 MERGE_MAX = 4096  # candidates one program ranks in a merge pass
-
-
-@triton.jit
-def _best(keys, KP: tl.constexpr, USE_TOPK: tl.constexpr):
-    """The KP largest of `keys` [N] (unique int64), descending."""
-    if USE_TOPK:
-        best = tl.topk(keys, KP)
-    else:
-        best = tl.sort(keys, 0, descending=True)
-    return best
 
 
 @triton.jit

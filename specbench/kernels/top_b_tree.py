@@ -39,10 +39,22 @@ def _order_key(score, idx):
 
 
 @triton.jit
+def _best(keys, KP: tl.constexpr, USE_TOPK: tl.constexpr):
+    """The KP largest of `keys` [N] (unique int64) in descending order, first in what it returns:
+    `tl.topk` keeps only them ([KP], a partial bitonic network), `tl.sort` sorts all N."""
+    if USE_TOPK:
+        best = tl.topk(keys, KP)
+    else:
+        best = tl.sort(keys, 0, descending=True)
+    return best
+
+
+@triton.jit
 def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, CandScore, BeamScore, BeamParent, BeamRank,
                        BeamCount, NodeOf, OutTok, OutPar, OutDep, OutScore,
                        D, K, M, NODES, stride_lp, stride_tok, stride_lp_tree, stride_tok_tree,
-                       B: tl.constexpr, M_PAD: tl.constexpr, T_PAD: tl.constexpr):
+                       B: tl.constexpr, M_PAD: tl.constexpr, T_PAD: tl.constexpr, B_PAD: tl.constexpr,
+                       N_PAD: tl.constexpr, USE_TOPK: tl.constexpr):
     tree = tl.program_id(0).to(tl.int64)  # one program per tree: its table, anchor, scratch and outputs
     LP += tree * stride_lp_tree
     Tok += tree * stride_tok_tree
@@ -68,16 +80,17 @@ def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, CandScore, BeamScor
         prev = tl.load(BeamScore + (d - 1) * B + place, mask=valid & (d > 0), other=0.0)  # the root scores 0
         lp = tl.load(LP + d * stride_lp + rank, mask=valid, other=0.0)
         cand = prev + lp  # float32, as the reference adds
-        best = tl.sort(tl.where(valid, _order_key(cand, m), lowest), 0, descending=True)  # [M_PAD]
+        best = _best(tl.where(valid, _order_key(cand, m), lowest), B_PAD, USE_TOPK)  # [B_PAD] (or [M_PAD])
+        j = tl.arange(0, best.shape[0])
         idx = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(tl.int32)  # candidate index, in beam order
         count = tl.minimum(tl.sum(valid.to(tl.int32), 0), B)
         tl.store(CandScore + m, cand, mask=pair_ok)  # gathered back by index through global memory
         tl.debug_barrier()
-        first = m < count
+        first = j < count
         src = tl.where(first, idx, 0)
-        tl.store(BeamScore + d * B + m, tl.load(CandScore + src, mask=first, other=0.0, volatile=True), mask=first)
-        tl.store(BeamParent + d * B + m, tl.load(PairPlace + src, mask=first, other=0), mask=first)
-        tl.store(BeamRank + d * B + m, tl.load(PairRank + src, mask=first, other=0), mask=first)
+        tl.store(BeamScore + d * B + j, tl.load(CandScore + src, mask=first, other=0.0, volatile=True), mask=first)
+        tl.store(BeamParent + d * B + j, tl.load(PairPlace + src, mask=first, other=0), mask=first)
+        tl.store(BeamRank + d * B + j, tl.load(PairRank + src, mask=first, other=0), mask=first)
         tl.store(BeamCount + d, count)
         tl.debug_barrier()
         beam_size = count
@@ -89,20 +102,21 @@ def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, CandScore, BeamScor
     count_d = tl.load(BeamCount + entry_d, mask=in_range, other=0, volatile=True)
     used = in_range & (entry_place < count_d)
     escore = tl.load(BeamScore + t, mask=used, other=0.0, volatile=True)
-    best = tl.sort(tl.where(used, _order_key(escore, t), tl.full([T_PAD], -9223372036854775808, tl.int64)), 0,
-                   descending=True)
-    chosen = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(tl.int32)  # [T_PAD] entry index, in tree order
-    take = t < NODES
-    tl.store(NodeOf + chosen, t + 1, mask=take)  # entry -> node id (the root is node 0)
+    best = _best(tl.where(used, _order_key(escore, t), tl.full([T_PAD], -9223372036854775808, tl.int64)), N_PAD,
+                 USE_TOPK)
+    chosen = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(tl.int32)  # [N_PAD] (or [T_PAD]) entry index, in tree order
+    u = tl.arange(0, best.shape[0])
+    take = u < NODES
+    tl.store(NodeOf + chosen, u + 1, mask=take)  # entry -> node id (the root is node 0)
     tl.debug_barrier()
     cd = chosen // B
     parent_place = tl.load(BeamParent + chosen, mask=take, other=0)
     parent_node = tl.load(NodeOf + (cd - 1) * B + parent_place, mask=take & (cd > 0), other=0, volatile=True)
     r = tl.load(BeamRank + chosen, mask=take, other=0)
-    tl.store(OutTok + 1 + t, tl.load(Tok + cd * stride_tok + r, mask=take, other=0), mask=take)
-    tl.store(OutPar + 1 + t, parent_node.to(tl.int64), mask=take)
-    tl.store(OutDep + 1 + t, (cd + 1).to(tl.int64), mask=take)
-    tl.store(OutScore + 1 + t, tl.load(BeamScore + chosen, mask=take, other=0.0), mask=take)
+    tl.store(OutTok + 1 + u, tl.load(Tok + cd * stride_tok + r, mask=take, other=0), mask=take)
+    tl.store(OutPar + 1 + u, parent_node.to(tl.int64), mask=take)
+    tl.store(OutDep + 1 + u, (cd + 1).to(tl.int64), mask=take)
+    tl.store(OutScore + 1 + u, tl.load(BeamScore + chosen, mask=take, other=0.0), mask=take)
     tl.store(OutTok, tl.load(Anchor))
     tl.store(OutPar, -1)
     tl.store(OutDep, 0)
@@ -132,7 +146,7 @@ def tree_size(depth: int, width: int, budget: int) -> int:
 class TopBTree:
     """The kernel with its pair table and scratch allocated once per (budget, width, device)."""
 
-    def __init__(self, budget: int, width: int, device: torch.device) -> None:
+    def __init__(self, budget: int, width: int, device: torch.device, use_topk: bool | None = None) -> None:
         if budget < 1 or width < 1:
             raise ValueError(f"budget and width must be >= 1, got {budget}, {width}")
         self.budget, self.width = budget, min(width, budget)
@@ -140,6 +154,7 @@ class TopBTree:
         self.place = torch.from_numpy(place).to(device=device, dtype=torch.int32)
         self.rank = torch.from_numpy(rank).to(device=device, dtype=torch.int32)
         self.m_pad = triton.next_power_of_2(max(len(place), 2))
+        self.use_topk = hasattr(tl, "topk") if use_topk is None else use_topk  # keep only the best, not sort all
 
     def __call__(self, anchor: Tensor, tokens: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """anchor [1], tokens/logp [D, K] -> (tokens, parents, depth [N] int64, scores [N] float32)."""
@@ -172,5 +187,8 @@ class TopBTree:
                                      beam_count, node_of, out_tok, out_par, out_dep, out_score,
                                      depth, width, self.place.numel(), nodes, lp.stride(1), tok.stride(1),
                                      lp.stride(0), tok.stride(0),
-                                     B=b, M_PAD=self.m_pad, T_PAD=t_pad, num_warps=4 if t_pad <= 1024 else 8)
+                                     B=b, M_PAD=self.m_pad, T_PAD=t_pad,
+                                     B_PAD=min(self.m_pad, max(2, triton.next_power_of_2(b))),
+                                     N_PAD=min(t_pad, max(2, triton.next_power_of_2(nodes))), USE_TOPK=self.use_topk,
+                                     num_warps=4 if t_pad <= 1024 else 8)
         return out_tok, out_par, out_dep, out_score

@@ -8,6 +8,8 @@ import torch
 
 pytest.importorskip("triton", reason="the kernel tests need Triton (CUDA, or TRITON_INTERPRET=1 on the CPU)")
 
+import triton.language as tl  # noqa: E402
+
 from specbench.kernels.top_b_tree import TopBTree, tree_size  # noqa: E402
 from specbench.trees.base import DepthScores  # noqa: E402
 from specbench.trees.ddtree_vec import build_top_b  # noqa: E402
@@ -18,20 +20,22 @@ def _raw(depth: int, vocab: int, seed: int, ties: bool) -> torch.Tensor:
     return torch.randint(0, 3, (depth, vocab), generator=g).float() if ties else 3 * torch.randn(depth, vocab, generator=g)
 
 
-def _case(depth: int, vocab: int, budget: int, seed: int, ties: bool, device: str):
+def _case(depth: int, vocab: int, budget: int, seed: int, ties: bool, device: str, use_topk: bool | None = None):
     raw = _raw(depth, vocab, seed, ties)
     tok, lp = DepthScores(5, torch.log_softmax(raw, -1)).topk(min(budget, vocab))
     ref = build_top_b(5, tok, lp, budget)
-    got = TopBTree(budget, min(budget, vocab), torch.device(device))(torch.tensor([5], device=device), tok.to(device),
-                                                                      lp.to(device))
+    got = TopBTree(budget, min(budget, vocab), torch.device(device), use_topk=use_topk)(
+        torch.tensor([5], device=device), tok.to(device), lp.to(device))
     return got, ref
 
 
+@pytest.mark.parametrize("use_topk", [True, False] if hasattr(tl, "topk") else [False], ids=lambda t: "topk" if t else "sort")
 @pytest.mark.parametrize("depth, vocab, budget, ties", [(3, 5, 4, False), (6, 50, 12, False), (4, 3, 10, True),
-                                                        (2, 9, 7, False), (5, 20, 9, True)])
-def test_kernel_equals_build_top_b(device, depth, vocab, budget, ties) -> None:
+                                                        (2, 9, 7, False), (5, 20, 9, True), (4, 40, 33, True)])
+def test_kernel_equals_build_top_b(device, use_topk, depth, vocab, budget, ties) -> None:
+    """Every beam keeps its best by `tl.topk` (a partial network) or by a full `tl.sort`: the same tree."""
     for seed in range(2):
-        got, ref = _case(depth, vocab, budget, seed, ties, device)
+        got, ref = _case(depth, vocab, budget, seed, ties, device, use_topk)
         assert got[0].numel() == ref.num_nodes == 1 + tree_size(depth, min(budget, vocab), budget)
         for a, b in zip(got[:3], (ref.tokens, ref.parents, ref.depth)):
             assert torch.equal(a.cpu(), b)
