@@ -14,6 +14,12 @@ dtype; silu(gate) cast, times up, cast; the matrix product accumulates in fp32 (
 fp32 inputs, not TF32) and adds the bias in fp32 before the final cast. So fp32 agrees with the
 reference to accumulation order, bf16 to one rounding of the output.
 
+One row (a decode step, a draft head's single row) takes a matrix-vector kernel instead (`_gemv_kernel`):
+no tl.dot tile of 16 rows of which 15 are padding, each program a few output columns (many programs, so
+a memory-bound weight read spreads over the whole GPU) and the row's prologue (RMS statistics, or
+SiLU*up) recomputed per program from the K-vector, which is tiny next to its BLOCK_N x K weight slice.
+Same rounding as the tile kernels; the fp32 sum runs along each program's columns in BLOCK_K strips.
+
 Tile sizes come from `triton.autotune` per (row bucket, N, K, dtypes): autotuning benchmarks, so a new
 key must first be seen outside CUDA-graph capture (`specbench.kernels.per_shape.FasterPerShape` does
 that, and falls back to the composition for a key first seen during capture). The fallbacks
@@ -42,6 +48,13 @@ _CONFIGS = [  # memory-bound shapes: narrow N slices (many programs), long K til
 ]
 
 
+_GEMV_INTERPRETER_CONFIG = triton.Config({"BLOCK_N": 8, "BLOCK_K": 32}, num_warps=4)
+_GEMV_CONFIGS = [  # one row: BLOCK_N x BLOCK_K fp32 partial sums in registers (<= 8K per program)
+    triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
+    for n, k, w, st in [(4, 512, 4, 3), (8, 256, 4, 4), (16, 256, 4, 4), (32, 128, 4, 4), (64, 128, 8, 3)]
+]
+
+
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     if interpreting():
         return [_INTERPRETER_CONFIG]
@@ -51,9 +64,18 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
     return kept or configs[:1]
 
 
-def _autotuned(fn):
+def _prune_gemv(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    if interpreting():
+        return [_GEMV_INTERPRETER_CONFIG]
+    n, k = named_args["N"], named_args["K"]
+    kept = [c for c in configs if c.kwargs["BLOCK_N"] <= max(4, triton.next_power_of_2(n))
+            and c.kwargs["BLOCK_K"] <= max(128, triton.next_power_of_2(k))]
+    return kept or configs[:1]
+
+
+def _autotuned(fn, configs: list[triton.Config] = _CONFIGS, key: tuple[str, ...] = ("M_BUCKET", "N", "K"), prune=_prune):
     return triton.autotune(
-        configs=_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune},
+        configs=configs, key=list(key), prune_configs_by={"early_config_prune": prune},
         do_bench=lambda call, quantiles: do_bench(call, warmup=5, rep=20, quantiles=quantiles),  # ms, not the default 125
     )(fn)
 
@@ -146,6 +168,62 @@ def _silu_mul_linear_kernel(GU, W, Y, M, N, K, M_BUCKET, stride_gu, stride_w, st
     _store_out(acc, W, Y, rows, cols, row_ok, col_ok, stride_y, False)
 
 
+def _gemv(fn):
+    return _autotuned(fn, _GEMV_CONFIGS, ("N", "K", "MODE"), _prune_gemv)
+
+
+@_gemv
+@triton.jit
+def _gemv_kernel(X, Delta, NormW, W, Bias, Y, Resid, N, K, eps,
+                 MODE: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y [N] = a @ W.T for one row, a = RMSNorm(x + delta) * norm_w (MODE 0; resid = x + delta written by
+    program 0) or silu(gate) * up of X = [gate | up] (MODE 1, K = I); + bias; W [N, K] contiguous rows."""
+    pid = tl.program_id(0)
+    cols = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BLOCK_N]
+    col_ok = cols < N
+    inv = 1.0
+    if MODE == 0:  # pass 1: the row's sum of squares (K values: cheap next to the weight slice)
+        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(X + ks, mask=ks < K, other=0.0)
+            if HAS_DELTA:
+                x = (x.to(tl.float32) + tl.load(Delta + ks, mask=ks < K, other=0.0).to(tl.float32)).to(x.dtype)
+            xf = x.to(tl.float32)
+            ss += xf * xf
+        inv = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # pass 2: the prologue on the K-strip, times the weight strip
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        if MODE == 0:
+            x = tl.load(X + ks, mask=k_ok, other=0.0)
+            if HAS_DELTA:
+                x = (x.to(tl.float32) + tl.load(Delta + ks, mask=k_ok, other=0.0).to(tl.float32)).to(x.dtype)
+                if pid == 0:  # the first column slice writes the stream
+                    tl.store(Resid + ks, x, mask=k_ok)
+            normed = (x.to(tl.float32) * inv).to(x.dtype)  # RMSNorm casts back before the weight
+            nw = tl.load(NormW + ks, mask=k_ok, other=0.0).to(tl.float32)
+            a = (nw * normed.to(tl.float32)).to(W.dtype.element_ty)
+        else:
+            gate = tl.load(X + ks, mask=k_ok, other=0.0)
+            up = tl.load(X + K + ks, mask=k_ok, other=0.0)
+            g = gate.to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # F.silu rounds its output to the input dtype
+            a = (act.to(tl.float32) * up.to(tl.float32)).to(W.dtype.element_ty)
+        w = tl.load(W + cols[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += w.to(tl.float32) * a.to(tl.float32)[None, :]  # [BLOCK_N, BLOCK_K]
+    y = tl.sum(acc, 1)  # [BLOCK_N]
+    if HAS_BIAS:
+        y = y + tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=col_ok)
+
+
+def _gemv_grid(n: int):
+    return lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)
+
+
 def _rows(t: Tensor) -> Tensor:
     """[..., K] -> [M, K] with unit column stride."""
     r = t.reshape(-1, t.shape[-1])
@@ -188,6 +266,10 @@ def add_rmsnorm_linear(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps
     dl = rows if delta is None else _rows(delta)
     resid = rows if delta is None else torch.empty_like(rows)
     y = torch.empty(m, n, dtype=weight.dtype, device=x.device)  # [M, N]
+    if m == 1 and weight.is_contiguous():
+        _gemv_kernel[_gemv_grid(n)](rows, dl, norm_weight, weight, weight if bias is None else bias, y, resid, n, k, eps,
+                                    MODE=0, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None)
+        return y.view(*x.shape[:-1], n), (x if delta is None else resid.view(x.shape))
     _add_rmsnorm_linear_kernel[_grid(m, n)](
         rows, dl, norm_weight, weight, weight if bias is None else bias, y, resid, m, n, k, _bucket(m), eps,
         rows.stride(0), dl.stride(0), resid.stride(0), weight.stride(0), y.stride(0),
@@ -205,6 +287,10 @@ def silu_mul_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
     rows = _rows(gate_up)  # [M, 2I]
     m = rows.shape[0]
     y = torch.empty(m, n, dtype=weight.dtype, device=gate_up.device)
+    if m == 1 and weight.is_contiguous():
+        _gemv_kernel[_gemv_grid(n)](rows, rows, weight, weight, weight, y, rows, n, inter, 0.0,
+                                    MODE=1, HAS_DELTA=False, HAS_BIAS=False)
+        return y.view(*gate_up.shape[:-1], n)
     _silu_mul_linear_kernel[_grid(m, n)](rows, weight, y, m, n, inter, _bucket(m), rows.stride(0), weight.stride(0),
                                          y.stride(0), **_precision(weight.dtype), BLOCK_M=BLOCK_M)
     return y.view(*gate_up.shape[:-1], n)

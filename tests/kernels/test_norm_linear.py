@@ -81,3 +81,21 @@ def test_per_shape_choice_falls_back_where_the_kernel_does_not_fit(device) -> No
         assert rel_err(y, add_rmsnorm_linear_reference(x, None, nw, 1e-5, w)[0]) <= 1e-5
     assert calls[-1] == "fallback" and (device == "cuda" or calls[0] == "fused")
     assert not add_rmsnorm_linear_fits(x[:2], None, nw.double(), 1e-5, w, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_row_takes_the_matrix_vector_kernel_with_ragged_blocks(device, dtype) -> None:
+    """M = 1 (a decode step) runs `_gemv_kernel`: N and K not multiples of its blocks, with bias and delta,
+    and the SiLU*up prologue; both against the reference compositions."""
+    g = torch.Generator().manual_seed(7)
+    k, n = 100, 37
+    x, delta = _randn(g, 1, 1, k, dtype=dtype, device=device), _randn(g, 1, 1, k, dtype=dtype, device=device)
+    nw = (1 + _randn(g, k, dtype=torch.float32, device=device, scale=0.1)).to(dtype)
+    w = _randn(g, n, k, dtype=dtype, device=device, scale=k ** -0.5)
+    bias = _randn(g, n, dtype=dtype, device=device)
+    y, resid = add_rmsnorm_linear(x, delta, nw, 1e-6, w, bias)
+    y_ref, resid_ref = add_rmsnorm_linear_reference(x, delta, nw, 1e-6, w, bias)
+    assert rel_err(y, y_ref) <= TOL[dtype]
+    assert torch.equal(resid, resid_ref) if exact_casts(device, dtype) else rel_err(resid, resid_ref) <= TOL[dtype]
+    gate_up = _randn(g, 1, 2 * k, dtype=dtype, device=device, scale=3.0)
+    assert rel_err(silu_mul_linear(gate_up, w), silu_mul_linear_reference(gate_up, w)) <= TOL[dtype]
