@@ -162,17 +162,19 @@ class HeadDrafter(Drafter):
                          cache.lengths[:, None] + torch.arange(q, device=depth.device))
 
     def run_block(self, state: DraftState, tokens: Tensor, is_mask: Tensor | None, depth: Tensor, within: Tensor,
-                  plan: BlockPlan | None = None) -> Tensor:
+                  plan: BlockPlan | None = None, log_probs: bool = True) -> Tensor:
         """One head pass over Q block inputs (tokens, is_mask [Q] (None: no MASK row), depth [Q] below the
         anchor) with the within-block mask [Q, Q] against the draft cache; returns log-probs [Q, V] (fp32).
         plan: `block_plan(state, depth, within)` (or one over caches of the same committed length), if
-        the caller has it (passes over the same rows share it)."""
+        the caller has it (passes over the same rows share it). log_probs False: the raw logits [Q, V] in
+        the head's dtype (a pass read by its argmax only: no fp32 cast, no log-softmax)."""
         assert self.cache is not None, "begin() was not called"
         model = self.target.model
         plan = plan if plan is not None else self.block_plan(state, depth, within)
         x = self.head.embed_block(tokens[None], None if is_mask is None else is_mask[None], model)
         hidden = self.head.forward_cached(x, plan.positions, self.cache, plan.meta, model, plan.rope, plan.slots)[0]
-        return torch.log_softmax(self.head.logits(hidden, model.lm_head.weight).float(), dim=-1)  # [Q, V]
+        logits = self.head.logits(hidden, model.lm_head.weight)  # [Q, V]
+        return torch.log_softmax(logits.float(), dim=-1) if log_probs else logits
 
     def block_logp(self, state: DraftState, plan: BlockPlan | None = None) -> Tensor:
         """The MASK pass: [anchor, MASK x (b-1)] -> per-depth log-probs [b-1, V] (offset j predicts depth j);

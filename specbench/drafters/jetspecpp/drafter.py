@@ -83,6 +83,7 @@ from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
 from specbench.drafters.jetspecpp.device_foresight import DeviceForesight
 from specbench.drafters.jetspecpp.device_states import DeviceStates
+from specbench.drafters.jetspecpp.foresight import top1
 from specbench.drafters.jetspecpp.model import NAME, load_jetspecpp
 from specbench.drafters.jetspecpp.outcomes import outcome_distribution
 from specbench.drafters.jetspecpp.pipeline import Pipeline, resolve_device, target_copy
@@ -443,16 +444,18 @@ class JetSpecPPDrafter(HeadDrafter):
         depth = self.table(("arange", b), lambda: torch.arange(b, device=dev))
         within = self.table(("block pattern", b, self.attention), lambda: block_pattern(b, self.attention, dev))
         plan, refresh_plan = self._draft_plan(state, depth, within)
-        logp = self.block_logp(state, plan)  # J0: [D, V]
-        drafts = logp.max(dim=-1).indices  # first maximal index: the chain policy's tie rule
+        # a pass read only by its argmax (every one but the last) skips the fp32 cast and log-softmax
+        logp = self.run_block(state, state.anchor_on(dev).expand(b), depth > 0, depth, within, plan,
+                              log_probs=self.J == 0)[1:]  # J0: [D, V]
+        drafts = top1(logp)  # first maximal index (the chain policy's tie rule on the last pass's log-probs)
         k_hats: list[Tensor] = []
         for j in range(1, self.J + 1):
             if j <= self.R:
                 drafts, k_hat = self.refresh(state, drafts, refresh_plan)
                 k_hats.append(k_hat)
             inputs = torch.cat([state.anchor_on(dev), drafts])
-            logp = self.run_block(state, inputs, None, depth, within, plan)[1:]
-            drafts = logp.max(dim=-1).indices
+            logp = self.run_block(state, inputs, None, depth, within, plan, log_probs=j == self.J)[1:]
+            drafts = top1(logp)
         self.last_round = {"k_hat": k_hats}
         return logp
 
