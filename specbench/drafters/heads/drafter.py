@@ -174,7 +174,8 @@ class HeadDrafter(Drafter):
         x = self.head.embed_block(tokens[None], None if is_mask is None else is_mask[None], model)
         hidden = self.head.forward_cached(x, plan.positions, self.cache, plan.meta, model, plan.rope, plan.slots)[0]
         logits = self.head.logits(hidden, model.lm_head.weight)  # [Q, V]
-        return torch.log_softmax(logits.float(), dim=-1) if log_probs else logits
+        # dtype=: the fp32 cast happens inside the softmax kernel on CUDA (one [Q, V] pass fewer)
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32) if log_probs else logits
 
     def block_logp(self, state: DraftState, plan: BlockPlan | None = None) -> Tensor:
         """The MASK pass: [anchor, MASK x (b-1)] -> per-depth log-probs [b-1, V] (offset j predicts depth j);

@@ -455,7 +455,8 @@ class JetSpecPPDrafter(HeadDrafter):
                 k_hats.append(k_hat)
             inputs = torch.cat([state.anchor_on(dev), drafts])
             logp = self.run_block(state, inputs, None, depth, within, plan, log_probs=j == self.J)[1:]
-            drafts = top1(logp)
+            if j < self.J:  # the last pass's tokens are the tree's business
+                drafts = top1(logp)
         self.last_round = {"k_hat": k_hats}
         return logp
 

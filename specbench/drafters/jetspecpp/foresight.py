@@ -42,6 +42,7 @@ from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.heads.drafter import BlockPlan
 from specbench.drafters.jetspecpp.decoder import SliceDecoder, cached_layers
+from specbench.kernels.masks import pack_tree_mask
 from specbench.models.decoder import AttentionFn, AttentionMeta, KVCache, sdpa_attention
 from specbench.trees.base import DraftTree
 
@@ -78,8 +79,7 @@ def flat_attention(keys: Tensor, kv_len: int) -> AttentionFn:
     whole cache for SDPA, read without the slots past the rows: SDPA with that dense mask reads every
     one of the kv_len slots (~43 us a layer over a 2,048-slot cache on the H200, profiled; the kernel
     reads the committed length only)."""
-    from specbench.kernels.masks import pack_tree_mask
-    from specbench.kernels.tree_attention import context_attention
+    from specbench.kernels.tree_attention import context_attention  # imports Triton: CUDA only
 
     bits = pack_tree_mask(keys)[None]  # [1, Q, W]
     new = keys.shape[1]
@@ -202,7 +202,7 @@ class OutcomeBatch:
         logits = d.head.logits(hidden, model.lm_head.weight)
         if not log_probs:
             return logits.view(*self.shape, -1)
-        return torch.log_softmax(logits.float(), dim=-1).view(*self.shape, -1)
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32).view(*self.shape, -1)  # no separate fp32 cast
 
     def top_states(self, tokens: Tensor) -> Tensor:
         """The top tap's states [1, Q, d] of the outcomes' block `tokens` [B, b] (flat), from the drafter's
@@ -262,5 +262,6 @@ class OutcomeBatch:
                 drafts, k_hat = self.refresh(drafts)
                 k_hats.append(k_hat)
             logp = self.head_logp(torch.cat([self.bonus[:, None], drafts], dim=1), None, log_probs=j == d.J)[:, 1:]
-            drafts = top1(logp)
+            if j < d.J:  # the last pass's tokens are the tree's business
+                drafts = top1(logp)
         return logp, k_hats
