@@ -334,11 +334,19 @@ class JetSpecPPDrafter(HeadDrafter):
             if self.serving:
                 self.device_foresight.lookup(tree, acc.path, acc.count, acc.bonus)  # type: ignore[union-attr]
             rows = acc.path[: self.max_path].clamp(min=0)  # [P]
-            self.write_context(self._features(target_out.hidden, rows), acc.count)
+            assert self.cache is not None
+            # every cache's committed length is the draft cache's (they move together): one set of slots
+            # (= positions) and one RoPE table for the head's, the adapters' and the decoder's writes
+            p, model = rows.shape[0], self.target.model
+            slots = self.cache.lengths[:, None] + self.table(("arange", p), lambda: torch.arange(p, device=rows.device))
+            rope = model.rope(slots)
+            self.head.write_context(self._features(target_out.hidden, rows), slots, self.cache, model, slots=slots,
+                                    rope=rope if rope[0].dtype == self.head.dtype else None)  # as write_committed
+            self.cache.advance_device(acc.count)
             if self.device_states is not None:
                 assert self.request is not None
                 hidden = {t: target_out.hidden[t][:, rows] for t in self.device_states.taps}
-                self.device_states.commit(hidden, tree.tokens[rows], acc.count, self._kv_len(self.request, rows.shape[0]))
+                self.device_states.commit(hidden, tree.tokens[rows], acc.count, self._kv_len(self.request, p), slots, rope)
             return
         if not isinstance(result, VerifyResult):
             raise TypeError(f"{self.name} is a host drafter: observe() takes the read VerifyResult")
