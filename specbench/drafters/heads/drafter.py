@@ -51,12 +51,15 @@ class BlockPlan(NamedTuple):
     slots: Tensor
 
 
-def write_committed(head: DraftHead, cache: KVCache, features: Tensor, count: Tensor, model: Transformer) -> None:
+def write_committed(head: DraftHead, cache: KVCache, features: Tensor, count: Tensor, model: Transformer,
+                    positions: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> None:
     """Context K/V of features [1, L, m*d] of the next L committed positions, of which the first count [1]
     are real, into `cache` (a KV-injection head's: the draft head's, or a jetspec++ adapter module's):
-    slots len .. len+L-1 (the rest land past the new length, free), then len += count. No host read."""
-    positions = cache.lengths[:, None] + torch.arange(features.shape[1], device=features.device)
-    head.write_context(features, positions, cache, model)
+    slots len .. len+L-1 (the rest land past the new length, free), then len += count. No host read.
+    positions: those slots [1, L] and rope `head.rope(positions)`, if the caller has them."""
+    if positions is None:
+        positions = cache.lengths[:, None] + torch.arange(features.shape[1], device=features.device)
+    head.write_context(features, positions, cache, model, rope=rope)
     cache.advance_device(count)
 
 
@@ -135,11 +138,12 @@ class HeadDrafter(Drafter):
         a padded commit (scratch)."""
         return 2 * self.max_path + self.block_size
 
-    def write_context(self, features: Tensor, count: Tensor) -> None:
+    def write_context(self, features: Tensor, count: Tensor, positions: Tensor | None = None,
+                      rope: tuple[Tensor, Tensor] | None = None) -> None:
         """Features [1, L, m*d] of the next L committed positions, of which the first count [1] are real
-        (`write_committed` into the draft cache)."""
+        (`write_committed` into the draft cache; positions, rope: its, if the caller has them)."""
         assert self.cache is not None, "begin() was not called"
-        write_committed(self.head, self.cache, features, count, self.target.model)
+        write_committed(self.head, self.cache, features, count, self.target.model, positions, rope)
 
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """The verify pass's accepted nodes (root first) are the next committed positions: write their

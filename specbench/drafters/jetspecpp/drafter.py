@@ -340,9 +340,8 @@ class JetSpecPPDrafter(HeadDrafter):
             p, model = rows.shape[0], self.target.model
             slots = self.cache.lengths[:, None] + self.table(("arange", p), lambda: torch.arange(p, device=rows.device))
             rope = model.rope(slots)
-            self.head.write_context(self._features(target_out.hidden, rows), slots, self.cache, model, slots=slots,
-                                    rope=rope if rope[0].dtype == self.head.dtype else None)  # as write_committed
-            self.cache.advance_device(acc.count)
+            self.write_context(self._features(target_out.hidden, rows), acc.count, slots,
+                               rope if rope[0].dtype == self.head.dtype else None)
             if self.device_states is not None:
                 assert self.request is not None
                 hidden = {t: target_out.hidden[t][:, rows] for t in self.device_states.taps}
