@@ -340,12 +340,13 @@ class JetSpecPPDrafter(HeadDrafter):
             p, model = rows.shape[0], self.target.model
             slots = self.cache.lengths[:, None] + self.table(("arange", p), lambda: torch.arange(p, device=rows.device))
             rope = model.rope(slots)
-            self.write_context(self._features(target_out.hidden, rows), acc.count, slots,
-                               rope if rope[0].dtype == self.head.dtype else None)
+            hidden = {t: target_out.hidden[t][:, rows] for t in self.taps}  # [1, P, d] per tap, gathered once
+            self.write_context(torch.cat([hidden[t] for t in self.taps], dim=-1), acc.count, slots,
+                               rope if rope[0].dtype == self.head.dtype else None)  # [1, P, m*d]: `_features`
             if self.device_states is not None:
                 assert self.request is not None
-                hidden = {t: target_out.hidden[t][:, rows] for t in self.device_states.taps}
-                self.device_states.commit(hidden, tree.tokens[rows], acc.count, self._kv_len(self.request, p), slots, rope)
+                self.device_states.commit({t: hidden[t] for t in self.device_states.taps}, tree.tokens[rows], acc.count,
+                                          self._kv_len(self.request, p), slots, rope)
             return
         if not isinstance(result, VerifyResult):
             raise TypeError(f"{self.name} is a host drafter: observe() takes the read VerifyResult")
