@@ -51,12 +51,15 @@ class BlockPlan(NamedTuple):
     slots: Tensor
 
 
-def write_committed(head: DraftHead, cache: KVCache, features: Tensor, count: Tensor, model: Transformer) -> None:
+def write_committed(head: DraftHead, cache: KVCache, features: Tensor, count: Tensor, model: Transformer,
+                    positions: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> None:
     """Context K/V of features [1, L, m*d] of the next L committed positions, of which the first count [1]
     are real, into `cache` (a KV-injection head's: the draft head's, or a jetspec++ adapter module's):
-    slots len .. len+L-1 (the rest land past the new length, free), then len += count. No host read."""
-    positions = cache.lengths[:, None] + torch.arange(features.shape[1], device=features.device)
-    head.write_context(features, positions, cache, model)
+    slots len .. len+L-1 (the rest land past the new length, free), then len += count. No host read.
+    positions: those slots [1, L] and rope `head.rope(positions)`, if the caller has them."""
+    if positions is None:
+        positions = cache.lengths[:, None] + torch.arange(features.shape[1], device=features.device)
+    head.write_context(features, positions, cache, model, rope=rope)
     cache.advance_device(count)
 
 
@@ -144,11 +147,12 @@ class HeadDrafter(Drafter):
         a padded commit (scratch)."""
         return 2 * self.max_path + self.block_size
 
-    def write_context(self, features: Tensor, count: Tensor) -> None:
+    def write_context(self, features: Tensor, count: Tensor, positions: Tensor | None = None,
+                      rope: tuple[Tensor, Tensor] | None = None) -> None:
         """Features [1, L, m*d] of the next L committed positions, of which the first count [1] are real
-        (`write_committed` into the draft cache)."""
+        (`write_committed` into the draft cache; positions, rope: its, if the caller has them)."""
         assert self.cache is not None, "begin() was not called"
-        write_committed(self.head, self.cache, features, count, self.target.model)
+        write_committed(self.head, self.cache, features, count, self.target.model, positions, rope)
 
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """The verify pass's accepted nodes (root first) are the next committed positions: write their
@@ -171,17 +175,20 @@ class HeadDrafter(Drafter):
                          cache.lengths[:, None] + self.table(("arange", q), lambda: torch.arange(q, device=depth.device)))
 
     def run_block(self, state: DraftState, tokens: Tensor, is_mask: Tensor | None, depth: Tensor, within: Tensor,
-                  plan: BlockPlan | None = None) -> Tensor:
+                  plan: BlockPlan | None = None, log_probs: bool = True) -> Tensor:
         """One head pass over Q block inputs (tokens, is_mask [Q] (None: no MASK row), depth [Q] below the
         anchor) with the within-block mask [Q, Q] against the draft cache; returns log-probs [Q, V] (fp32).
         plan: `block_plan(state, depth, within)` (or one over caches of the same committed length), if
-        the caller has it (passes over the same rows share it)."""
+        the caller has it (passes over the same rows share it). log_probs False: the raw logits [Q, V] in
+        the head's dtype (a pass read by its argmax only: no fp32 cast, no log-softmax)."""
         assert self.cache is not None, "begin() was not called"
         model = self.target.model
         plan = plan if plan is not None else self.block_plan(state, depth, within)
         x = self.head.embed_block(tokens[None], None if is_mask is None else is_mask[None], model)
         hidden = self.head.forward_cached(x, plan.positions, self.cache, plan.meta, model, plan.rope, plan.slots)[0]
-        return torch.log_softmax(self.head.logits(hidden, model.lm_head.weight).float(), dim=-1)  # [Q, V]
+        logits = self.head.logits(hidden, model.lm_head.weight)  # [Q, V]
+        # dtype=: the fp32 cast happens inside the softmax kernel on CUDA (one [Q, V] pass fewer)
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32) if log_probs else logits
 
     def block_logp(self, state: DraftState, plan: BlockPlan | None = None) -> Tensor:
         """The MASK pass: [anchor, MASK x (b-1)] -> per-depth log-probs [b-1, V] (offset j predicts depth j);

@@ -60,13 +60,16 @@ class DeviceStates:
         if self.oracle is not None:
             self.oracle.reset()
 
-    def commit(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, kv_len: int) -> None:
+    def commit(self, hidden: dict[int, Tensor], tokens: Tensor, count: Tensor, kv_len: int, slots: Tensor | None = None,
+               rope: tuple[Tensor, Tensor] | None = None) -> None:
         """The next committed positions: per kept tap their true states [1, P, d] (root first), their
         tokens [P], of which the first count [1] are real (the rest land past the new lengths, free);
-        kv_len: the slots an attention over them reads (>= committed + P)."""
+        kv_len: the slots an attention over them reads (>= committed + P). slots [1, P] (= positions,
+        from the committed length) and their RoPE `model.rope(slots)`, if the caller has them."""
         p = tokens.shape[0]
-        slots = self.decoder.cache.lengths[:, None] + torch.arange(p, device=tokens.device)  # [1, P]: = positions
-        rope = self.model.rope(slots)
+        if slots is None:
+            slots = self.decoder.cache.lengths[:, None] + torch.arange(p, device=tokens.device)  # [1, P]: = positions
+        rope = rope if rope is not None else self.model.rope(slots)
         for stack in self.stacks:
             feats = torch.cat([hidden[t] for t in stack.taps]) if stack.size > 1 else hidden[stack.taps[0]]  # [T, P, d]
             stack.write(feats, count, rope, slots, self.model)

@@ -83,6 +83,7 @@ from specbench.drafters.jetspecpp.calibration import RowTemperature
 from specbench.drafters.jetspecpp.decoder import SliceDecoder
 from specbench.drafters.jetspecpp.device_foresight import DeviceForesight
 from specbench.drafters.jetspecpp.device_states import DeviceStates
+from specbench.drafters.jetspecpp.foresight import top1
 from specbench.drafters.jetspecpp.model import NAME, load_jetspecpp
 from specbench.drafters.jetspecpp.outcomes import outcome_distribution
 from specbench.drafters.jetspecpp.pipeline import Pipeline, resolve_device, target_copy
@@ -333,11 +334,19 @@ class JetSpecPPDrafter(HeadDrafter):
             if self.serving:
                 self.device_foresight.lookup(tree, acc.path, acc.count, acc.bonus)  # type: ignore[union-attr]
             rows = acc.path[: self.max_path].clamp(min=0)  # [P]
-            self.write_context(self._features(target_out.hidden, rows), acc.count)
+            assert self.cache is not None
+            # every cache's committed length is the draft cache's (they move together): one set of slots
+            # (= positions) and one RoPE table for the head's, the adapters' and the decoder's writes
+            p, model = rows.shape[0], self.target.model
+            slots = self.cache.lengths[:, None] + self.table(("arange", p), lambda: torch.arange(p, device=rows.device))
+            rope = model.rope(slots)
+            hidden = {t: target_out.hidden[t][:, rows] for t in self.taps}  # [1, P, d] per tap, gathered once
+            self.write_context(torch.cat([hidden[t] for t in self.taps], dim=-1), acc.count, slots,
+                               rope if rope[0].dtype == self.head.dtype else None)  # [1, P, m*d]: `_features`
             if self.device_states is not None:
                 assert self.request is not None
-                hidden = {t: target_out.hidden[t][:, rows] for t in self.device_states.taps}
-                self.device_states.commit(hidden, tree.tokens[rows], acc.count, self._kv_len(self.request, rows.shape[0]))
+                self.device_states.commit({t: hidden[t] for t in self.device_states.taps}, tree.tokens[rows], acc.count,
+                                          self._kv_len(self.request, p), slots, rope)
             return
         if not isinstance(result, VerifyResult):
             raise TypeError(f"{self.name} is a host drafter: observe() takes the read VerifyResult")
@@ -443,16 +452,19 @@ class JetSpecPPDrafter(HeadDrafter):
         depth = self.table(("arange", b), lambda: torch.arange(b, device=dev))
         within = self.table(("block pattern", b, self.attention), lambda: block_pattern(b, self.attention, dev))
         plan, refresh_plan = self._draft_plan(state, depth, within)
-        logp = self.block_logp(state, plan)  # J0: [D, V]
-        drafts = logp.max(dim=-1).indices  # first maximal index: the chain policy's tie rule
+        # a pass read only by its argmax (every one but the last) skips the fp32 cast and log-softmax
+        logp = self.run_block(state, state.anchor_on(dev).expand(b), depth > 0, depth, within, plan,
+                              log_probs=self.J == 0)[1:]  # J0: [D, V]
+        drafts = top1(logp)  # first maximal index (the chain policy's tie rule on the last pass's log-probs)
         k_hats: list[Tensor] = []
         for j in range(1, self.J + 1):
             if j <= self.R:
                 drafts, k_hat = self.refresh(state, drafts, refresh_plan)
                 k_hats.append(k_hat)
             inputs = torch.cat([state.anchor_on(dev), drafts])
-            logp = self.run_block(state, inputs, None, depth, within, plan)[1:]
-            drafts = logp.max(dim=-1).indices
+            logp = self.run_block(state, inputs, None, depth, within, plan, log_probs=j == self.J)[1:]
+            if j < self.J:  # the last pass's tokens are the tree's business
+                drafts = top1(logp)
         self.last_round = {"k_hat": k_hats}
         return logp
 

@@ -42,7 +42,8 @@ from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.heads.drafter import BlockPlan
 from specbench.drafters.jetspecpp.decoder import SliceDecoder, cached_layers
-from specbench.models.decoder import AttentionMeta, KVCache, sdpa_attention
+from specbench.kernels.masks import pack_tree_mask
+from specbench.models.decoder import AttentionFn, AttentionMeta, KVCache, sdpa_attention
 from specbench.trees.base import DraftTree
 
 if TYPE_CHECKING:
@@ -69,6 +70,33 @@ def flat_mask(length: Tensor, after: Tensor, ancestors: Tensor, padded: Tensor) 
     q, n = ancestors.shape
     keys = torch.cat([padded[:, :1], ancestors, padded[:, 1:]], dim=1)  # [Q, 1 + N + Q + 1]
     return keys[:, (after - length).clamp(0, n + q + 1)][None, None]
+
+
+def flat_attention(keys: Tensor, kv_len: int) -> AttentionFn:
+    """The flat rows' attention on the tree-attention kernel (CUDA, the target's `triton` backend): keys
+    [Q, N + Q] = which new entries row r sees (the tree nodes at length + j, j < N, then the flat rows),
+    packed once; the committed slots (< meta.lengths) are all seen. What `flat_mask` spells over the
+    whole cache for SDPA, read without the slots past the rows: SDPA with that dense mask reads every
+    one of the kv_len slots (~43 us a layer over a 2,048-slot cache on the H200, profiled; the kernel
+    reads the committed length only)."""
+    from specbench.kernels.tree_attention import context_attention  # imports Triton: CUDA only
+
+    bits = pack_tree_mask(keys)[None]  # [1, Q, W]
+    new = keys.shape[1]
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
+        return context_attention(q, k, v, meta.lengths, k, v, bits, scale, new_after_context=True, num_new=new,
+                                 context_hint=max(kv_len - new, 0))
+
+    return attend
+
+
+def top1(scores: Tensor) -> Tensor:
+    """[..., V] -> [...]: each row's first maximal index. Intermediate passes read their raw logits: the
+    log-softmax shifts a row by a constant, so only a rounding tie could change the pick, and the
+    critical path (`JetSpecPPDrafter.refined_logp`) reads its passes the same way, so a block drafted
+    ahead is the one drafted on the critical path."""
+    return scores.max(dim=-1).indices
 
 
 @dataclass
@@ -129,17 +157,24 @@ class OutcomeBatch:
         rows = tree.ancestor_mask[nodes.repeat_interleave(b)]  # [Q, N]: each flat row's outcome's ancestors
         s = drafter.cache.max_seq_len  # type: ignore[union-attr]
         slot_after = table(("arange", 1, s + 1), lambda: torch.arange(1, s + 1, device=dev))[: ctx.kv_len]
-        self._metas: dict[str, AttentionMeta] = {}
+        self._metas: dict[str, tuple[AttentionMeta, AttentionFn]] = {}
+        triton = model.attention == "triton"
 
-        def meta(pattern: str) -> AttentionMeta:  # one per block pattern, shared by every pass and layer
+        def meta(pattern: str) -> tuple[AttentionMeta, AttentionFn]:  # one per block pattern, every pass and layer
             if pattern not in self._metas:
                 padded = table(("flat pattern", count, b, pattern), lambda: flat_pattern(count, b, pattern, dev))
-                self._metas[pattern] = AttentionMeta(lengths=ctx.length, tree_mask=padded[None, :, 1: q + 1],
-                                                     kv_len=ctx.kv_len,
-                                                     dense_mask=flat_mask(ctx.length, slot_after, rows, padded))
+                within = padded[None, :, 1: q + 1]  # [1, Q, Q]
+                if triton:  # the tree-attention kernel: committed slots + the masked tree nodes and flat rows
+                    self._metas[pattern] = (AttentionMeta(lengths=ctx.length, tree_mask=within, kv_len=ctx.kv_len),
+                                            flat_attention(torch.cat([rows, padded[:, 1: q + 1]], dim=1), ctx.kv_len))
+                else:
+                    self._metas[pattern] = (AttentionMeta(lengths=ctx.length, tree_mask=within, kv_len=ctx.kv_len,
+                                                          dense_mask=flat_mask(ctx.length, slot_after, rows, padded)),
+                                            sdpa_attention)
             return self._metas[pattern]
 
-        self.head_meta, self.causal_meta = meta(drafter.attention), meta("block-causal")
+        (self.head_meta, self.head_attend), (self.causal_meta, self.causal_attend) = \
+            meta(drafter.attention), meta("block-causal")
         feats = torch.cat([states[t] for t in drafter.taps], dim=-1)  # [1, N, m*d]
         assert drafter.cache is not None
         drafter.head.write_context(feats, self.node_positions, drafter.cache, model, slots=self.node_slots,
@@ -154,15 +189,20 @@ class OutcomeBatch:
             self._ropes[dtype] = net.rope(self.positions, model) if net is not None else model.rope(self.positions)
         return self._ropes[dtype]
 
-    def head_logp(self, tokens: Tensor, is_mask: Tensor | None) -> Tensor:
-        """One batched head pass: tokens, is_mask [B, b] (None: no MASK row) -> log-probs [B, b, V] (fp32)."""
+    def head_logp(self, tokens: Tensor, is_mask: Tensor | None, log_probs: bool = True) -> Tensor:
+        """One batched head pass: tokens, is_mask [B, b] (None: no MASK row) -> log-probs [B, b, V] (fp32);
+        log_probs False: the raw logits [B, b, V] in the head's dtype, for a pass read only by its argmax
+        (`top1`: the fp32 cast and log-softmax over B x b vocabulary rows cost ~60 us on the H200)."""
         d = self.drafter
         model = d.target.model
         q = tokens.numel()
         x = d.head.embed_block(tokens.reshape(1, q), None if is_mask is None else is_mask.reshape(1, q), model)
         hidden = d.head.forward_cached(x, self.positions, d.cache, self.head_meta, model, self.rope(d.head),  # type: ignore[arg-type]
-                                       self.slots, sdpa_attention)
-        return torch.log_softmax(d.head.logits(hidden, model.lm_head.weight).float(), dim=-1).view(*self.shape, -1)
+                                       self.slots, self.head_attend)
+        logits = d.head.logits(hidden, model.lm_head.weight)
+        if not log_probs:
+            return logits.view(*self.shape, -1)
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32).view(*self.shape, -1)  # no separate fp32 cast
 
     def top_states(self, tokens: Tensor) -> Tensor:
         """The top tap's states [1, Q, d] of the outcomes' block `tokens` [B, b] (flat), from the drafter's
@@ -176,7 +216,7 @@ class OutcomeBatch:
         if d.states == "true":
             assert d.oracle is not None
             x, delta = cached_layers(model.layers[: top + 1], d.oracle, model.embed(tokens.reshape(1, q)), self.rope(),
-                                     self.slots, meta, model)
+                                     self.slots, meta, model, self.causal_attend)
             return x + delta if delta is not None else x
         tap = d.adapter.tap(top)  # type: ignore[union-attr]
         cache = self.context.adapter
@@ -184,16 +224,18 @@ class OutcomeBatch:
         tap.net.write_context(self.states[top], self.node_positions, cache, model, slots=self.node_slots,
                               rope=self.node_rope, fused=True)  # the tree nodes' adapter K/V, into the scratch
         return tap.forward_cached(tokens.reshape(1, q), self.positions, cache, meta, model, self.rope(tap.net),
-                                  self.slots, sdpa_attention)
+                                  self.slots, self.causal_attend)
 
     def decoder_logits(self, h_top: Tensor) -> Tensor:
-        """p̂ logits [B, b, V] (fp32) of the blocks' top-tap states [1, Q, d]: the decoder slice over
-        the committed positions and each outcome's tree path (K/V left by the round's P̂ read)."""
+        """p̂ logits [B, b, V] (the target's dtype: read by their argmax only, which an fp32 cast would
+        not change) of the blocks' top-tap states [1, Q, d]: the decoder slice over the committed
+        positions and each outcome's tree path (K/V left by the round's P̂ read)."""
         d = self.drafter
         dec, model = self.context.decoder, d.target.model
         assert dec is not None
-        x, delta = cached_layers(dec.layers, dec.cache, h_top, self.rope(), self.slots, self.causal_meta, model)
-        return dec.head(x, delta).float().view(*self.shape, -1)
+        x, delta = cached_layers(dec.layers, dec.cache, h_top, self.rope(), self.slots, self.causal_meta, model,
+                                 self.causal_attend)
+        return dec.head(x, delta).view(*self.shape, -1)
 
     def refresh(self, drafts: Tensor) -> tuple[Tensor, Tensor]:
         """`JetSpecPPDrafter.refresh` for every outcome: drafts [B, D] -> (drafts with the decoder's
@@ -212,13 +254,14 @@ class OutcomeBatch:
         d = self.drafter
         count, b = self.shape
         tokens = self.bonus[:, None].expand(count, b)
-        logp = self.head_logp(tokens, self.is_mask)[:, 1:]  # J0
-        drafts = logp.max(dim=-1).indices
+        logp = self.head_logp(tokens, self.is_mask, log_probs=d.J == 0)[:, 1:]  # J0
+        drafts = top1(logp)
         k_hats: list[Tensor] = []
         for j in range(1, d.J + 1):
             if j <= d.R:
                 drafts, k_hat = self.refresh(drafts)
                 k_hats.append(k_hat)
-            logp = self.head_logp(torch.cat([self.bonus[:, None], drafts], dim=1), None)[:, 1:]
-            drafts = logp.max(dim=-1).indices
+            logp = self.head_logp(torch.cat([self.bonus[:, None], drafts], dim=1), None, log_probs=j == d.J)[:, 1:]
+            if j < d.J:  # the last pass's tokens are the tree's business
+                drafts = top1(logp)
         return logp, k_hats
