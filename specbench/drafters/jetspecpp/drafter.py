@@ -67,7 +67,6 @@ sequential | concurrent), record (keep a `RoundRecord` per round for the offline
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -171,7 +170,6 @@ class JetSpecPPDrafter(HeadDrafter):
         self._branch = "miss"  # the device foresight round's next drafting stages: "hit" (served) or "miss"
         self._drafted = False  # a round was drafted in this request (so the next could be a hit)
         self.request: DraftState | None = None  # the request begun (its committed length sizes CPU reads)
-        self.tables: dict[tuple, Tensor] = {}  # static index tables and masks of the shapes run (`table`)
 
     def _foresight(self, mode: str | bool, B: int, select: str, scores: str, lam: float | None,
                    calibration: str | RowTemperature | None, ratio: float, record: bool) -> Foresight | None:
@@ -294,14 +292,6 @@ class JetSpecPPDrafter(HeadDrafter):
         n = prefill.hidden[self.top].shape[1]
         tokens = torch.tensor(state.tokens[:n], dtype=torch.long, device=self.target.device)
         self.device_states.commit(prefill.hidden, tokens, torch.full((1,), n, dtype=torch.long, device=tokens.device), n)
-
-    def table(self, key: tuple, build: Callable[[], Tensor]) -> Tensor:
-        """A tensor that depends on shapes only (a block pattern, an index table: `key` names it), built by
-        `build` the first time and kept, so a round's stages read it instead of computing it (on the GPU
-        the first, eager round builds it; captured replays read the same tensor)."""
-        if key not in self.tables:
-            self.tables[key] = build()
-        return self.tables[key]
 
     def _foresight_slots(self) -> int:
         """Scratch slots the foresight blocks take past the tree's (`foresight.OutcomeBatch`: B x b flat rows)."""
