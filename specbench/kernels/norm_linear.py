@@ -55,22 +55,21 @@ _GEMV_CONFIGS = [  # one row: BLOCK_N x BLOCK_K fp32 partial sums in registers (
 ]
 
 
-def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    if interpreting():
-        return [_INTERPRETER_CONFIG]
-    n, k = named_args["N"], named_args["K"]
-    kept = [c for c in configs if c.kwargs["BLOCK_N"] <= max(16, triton.next_power_of_2(n))
-            and c.kwargs["BLOCK_K"] <= max(16, triton.next_power_of_2(k))]
-    return kept or configs[:1]
+def _pruner(interpreter_config: triton.Config, min_n: int, min_k: int):  # type: ignore[no-untyped-def]
+    """Autotune's config filter: under the interpreter its one small config; else the configs whose blocks
+    do not exceed N and K (rounded up to powers of two, at least min_n / min_k)."""
+    def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+        if interpreting():
+            return [interpreter_config]
+        n, k = named_args["N"], named_args["K"]
+        kept = [c for c in configs if c.kwargs["BLOCK_N"] <= max(min_n, triton.next_power_of_2(n))
+                and c.kwargs["BLOCK_K"] <= max(min_k, triton.next_power_of_2(k))]
+        return kept or configs[:1]
+    return prune
 
 
-def _prune_gemv(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    if interpreting():
-        return [_GEMV_INTERPRETER_CONFIG]
-    n, k = named_args["N"], named_args["K"]
-    kept = [c for c in configs if c.kwargs["BLOCK_N"] <= max(4, triton.next_power_of_2(n))
-            and c.kwargs["BLOCK_K"] <= max(128, triton.next_power_of_2(k))]
-    return kept or configs[:1]
+_prune = _pruner(_INTERPRETER_CONFIG, 16, 16)
+_prune_gemv = _pruner(_GEMV_INTERPRETER_CONFIG, 4, 128)
 
 
 def _autotuned(fn, configs: list[triton.Config] = _CONFIGS, key: tuple[str, ...] = ("M_BUCKET", "N", "K"), prune=_prune):

@@ -39,3 +39,22 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2 if torch.cuda.is_available() el
 def exact_casts(device: str, dtype: torch.dtype) -> bool:
     """Whether a kernel's dtype casts round as PyTorch's do (fp32, or CUDA; the interpreter's bf16 casts truncate)."""
     return dtype == torch.float32 or device == "cuda"
+
+
+def foresight_round(target, tree: str, budget: int, prompt: list[int], ar: list[int], variant: str) -> tuple:  # type: ignore[no-untyped-def]
+    """One greedy request of jetspec++ with device foresight (random head, J1 R1, B 4, sequential pipeline) on
+    `target` as configured now; checks it emits `ar`. Returns (every round's tree tokens + parents, the last
+    foresight stage's candidate tokens and parents): what two configurations of one round must agree on."""
+    from specbench.config import SpecConfig
+    from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
+    from specbench.engine import SpecDecoder
+
+    drafter = JetSpecPPDrafter(target, random_init=True, J=1, R=1, foresight="on", B=4, pipeline="sequential")
+    dec = SpecDecoder(target, SpecConfig(drafter="jetspec++", tree=tree, budget=budget), max_seq_len=96, drafter=drafter)
+    assert dec.branching
+    trees: list[list[int]] = []
+    res = dec.generate(prompt, len(ar), on_round=lambda i, t, r: trees.append(t.tokens.tolist() + t.parents.tolist()))
+    assert res.tokens == ar, variant
+    fs = drafter.device_foresight
+    assert fs is not None
+    return trees, fs.cand["tokens"].tolist(), fs.cand["parents"].tolist()

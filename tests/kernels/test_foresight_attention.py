@@ -1,7 +1,6 @@
 """jetspec++'s foresight and decoder slice on the target's tree-attention kernel (Triton; the interpreter on
 the CPU) instead of SDPA over a dense mask of the whole cache: the flat rows' attention (`flat_attention`) =
-SDPA under `flat_mask`, and the device round with foresight drafts the same trees and the same candidate
-trees ahead under either backend, and emits AR's tokens (fp32)."""
+SDPA under `flat_mask` (the whole device round under either backend: `test_fused_foresight_round.py`)."""
 
 from __future__ import annotations
 
@@ -37,33 +36,3 @@ def test_flat_attention_equals_sdpa_under_the_flat_mask(device, pattern: str) ->
     got = flat_attention(torch.cat([rows, padded[:, 1: q + 1]], dim=1), kv_len)(x, k, v, meta, d ** -0.5)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("tree, budget", [("chain", 5), ("ddtree-vec", 8)])
-def test_foresight_round_on_the_attention_kernel_equals_sdpa(device, tree: str, budget: int) -> None:
-    from specbench.config import SpecConfig
-    from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
-    from specbench.engine import SpecDecoder, ar_decoder
-    from specbench.models import load_target
-
-    target = load_target("random:tiny-llama", device=device, dtype="float32")
-    prompt = list(range(5, 17))
-    ar = ar_decoder(target, max_seq_len=96).generate(prompt, 12).tokens
-    runs, backend = [], target.model.attention
-    for name in ("sdpa", "triton"):
-        target.model.set_attention(name)
-        try:
-            drafter = JetSpecPPDrafter(target, random_init=True, J=1, R=1, foresight="on", B=4, pipeline="sequential")
-            dec = SpecDecoder(target, SpecConfig(drafter="jetspec++", tree=tree, budget=budget), max_seq_len=96,
-                              drafter=drafter)
-            assert dec.branching
-            trees: list[list[int]] = []
-            res = dec.generate(prompt, 12, on_round=lambda i, t, r: trees.append(t.tokens.tolist() + t.parents.tolist()))
-        finally:
-            target.model.set_attention(backend)
-        assert res.tokens == ar, name
-        fs = drafter.device_foresight
-        assert fs is not None
-        runs.append((trees, fs.cand["tokens"].tolist(), fs.cand["parents"].tolist()))
-    assert runs[0][0] == runs[1][0], "the kernel's round drafted other trees than SDPA's"
-    assert runs[0][1:] == runs[1][1:], "the kernel's foresight stage drafted other candidate trees"

@@ -1,8 +1,8 @@
 """jetspec++'s device round with foresight through the fused layer ops (Triton; the interpreter on the CPU):
 the batched foresight passes (the flat rows' head passes, fused context K/V, `cached_layers`) and the decoder
 slice draft the same trees and the same candidate trees ahead as with the reference ops and emit AR's
-tokens (fp32). Slow on the CPU (~45 s a
-policy under the interpreter)."""
+tokens (fp32); the same with the flat rows and the decoder slice on the tree-attention kernel instead of
+SDPA. Slow on the CPU (~45 s a policy under the interpreter)."""
 
 from __future__ import annotations
 
@@ -10,33 +10,34 @@ import pytest
 
 pytest.importorskip("triton", reason="the kernel tests need Triton (CUDA, or TRITON_INTERPRET=1 on the CPU)")
 
-from specbench.config import SpecConfig  # noqa: E402
-from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter  # noqa: E402
-from specbench.engine import SpecDecoder, ar_decoder  # noqa: E402
+from specbench.engine import ar_decoder  # noqa: E402
 from specbench.models import load_target  # noqa: E402
+
+from kernel_cases import foresight_round  # noqa: E402
+
+
+KNOBS = {  # what is switched: (the model's setter, the two settings compared, the setting restored after:
+    # None = the model's own before the test)
+    "fused level": ("set_fused", ("reference", "elementwise"), "reference"),
+    "attention backend": ("set_attention", ("sdpa", "triton"), None),  # flat rows on the tree-attention kernel
+}
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("knob", list(KNOBS))
 @pytest.mark.parametrize("tree, budget", [("chain", 5), ("ddtree-vec", 8)])
-def test_fused_foresight_round_equals_the_reference_round(device, tree: str, budget: int) -> None:
+def test_foresight_round_is_the_same_under_either_setting(device, knob: str, tree: str, budget: int) -> None:
     target = load_target("random:tiny-llama", device=device, dtype="float32")
     prompt = list(range(5, 17))
     ar = ar_decoder(target, max_seq_len=96).generate(prompt, 12).tokens
+    setter, settings, restore = KNOBS[knob]
+    restore = target.model.attention if restore is None else restore
     runs = []
-    for level in ("reference", "elementwise"):
-        target.model.set_fused(level)
+    for value in settings:
+        getattr(target.model, setter)(value)
         try:
-            drafter = JetSpecPPDrafter(target, random_init=True, J=1, R=1, foresight="on", B=4, pipeline="sequential")
-            dec = SpecDecoder(target, SpecConfig(drafter="jetspec++", tree=tree, budget=budget), max_seq_len=96,
-                              drafter=drafter)
-            assert dec.branching
-            trees: list[list[int]] = []
-            res = dec.generate(prompt, 12, on_round=lambda i, t, r: trees.append(t.tokens.tolist() + t.parents.tolist()))
+            runs.append(foresight_round(target, tree, budget, prompt, ar, value))
         finally:
-            target.model.set_fused("reference")
-        assert res.tokens == ar, level
-        fs = drafter.device_foresight
-        assert fs is not None
-        runs.append((trees, fs.cand["tokens"].tolist(), fs.cand["parents"].tolist()))  # the last stage's B candidates
-    assert runs[0][0] == runs[1][0], "the fused round drafted other trees than the reference round"
-    assert runs[0][1:] == runs[1][1:], "the fused foresight stage drafted other candidate trees"
+            getattr(target.model, setter)(restore)
+    assert runs[0][0] == runs[1][0], f"{settings[1]} drafted other trees than {settings[0]}"
+    assert runs[0][1:] == runs[1][1:], f"{settings[1]}'s foresight stage drafted other candidate trees"
