@@ -24,7 +24,8 @@
 #            Qwen3-8B shapes); the faster level on SmolLM2's AR step becomes SPECBENCH_FUSED_LEVEL for what follows
 #   gputests python -m pytest -m "$GPUTEST_MARK" $GPUTEST_PATHS (default: -m gpu tests/gpu; SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD,
 #            default the shipped head); GPUTEST_PATHS="tests/kernels tests/gpu" GPUTEST_MARK="gpu or not slow" adds every
-#            kernel test on CUDA; GPUTEST_ARGS more pytest flags (e.g. -o faulthandler_timeout=60: a stuck test's stacks)
+#            kernel test on CUDA; autotuned kernels compile their first config only (GPUTEST_AUTOTUNE=all: every one);
+#            GPUTEST_ARGS more pytest flags (e.g. -o faulthandler_timeout=60: a stuck test's stacks)
 #   topk     the ranked top-k kernel's tests on CUDA, then scripts/bench_ranked_topk.py (kernel vs packed keys)
 #   profile  scripts/profile_round.py --kernels for PROFILE_CONFIGS (PROFILE_ARGS: its drafter args; PROFILE_END_S)
 #   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S)
@@ -38,6 +39,7 @@ set -uo pipefail
 ROOT=${ROOT:-/root}
 export PYTHONPATH=$ROOT/site:$PWD PYTHONUNBUFFERED=1 SPECBENCH_CACHE=${SPECBENCH_CACHE:-$ROOT/cache}
 export SPECBENCH_SMOLLM2_GGUF=${SPECBENCH_SMOLLM2_GGUF:-$ROOT/stage/smollm2.gguf} SPECBENCH_DATA=${SPECBENCH_DATA:-$ROOT/data}
+export TRITON_CACHE_AUTOTUNING=1  # one phase's autotuning serves the next process on this machine
 DEVICE=${DEVICE:-cuda}; DTYPE=${DTYPE:-bfloat16}; TARGET=${TARGET:-smollm2-135m}
 P=$ROOT/pipe; SPOOL=$ROOT/spool; RUN=$ROOT/run
 step=${1:?step}
@@ -165,7 +167,7 @@ EOF
 phase_gputests() {
   local G=$P/gputests; mkdir -p $G
   log "GPU tests"
-  SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m "${GPUTEST_MARK:-gpu}" ${GPUTEST_PATHS:-tests/gpu} ${GPUTEST_ARGS:-} -vv \
+  SPECBENCH_AUTOTUNE=${GPUTEST_AUTOTUNE:-first} SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m "${GPUTEST_MARK:-gpu}" ${GPUTEST_PATHS:-tests/gpu} ${GPUTEST_ARGS:-} -vv \
     -p no:cacheprovider -rs > $G/tests.txt 2>&1; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" $G/tests.txt | tail -40
   bundle pack gputests gputests --spool $SPOOL --base $P
 }

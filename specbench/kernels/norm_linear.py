@@ -35,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.testing import do_bench
 
-from specbench.kernels.device import interpreting, require_kernel_device
+from specbench.kernels.device import autotune_first_only, interpreting, require_kernel_device
 from specbench.kernels.fused import rmsnorm, silu_mul
 
 BLOCK_M = 16
@@ -57,14 +57,16 @@ _GEMV_CONFIGS = [  # one row: BLOCK_N x BLOCK_K fp32 partial sums in registers (
 
 def _pruner(interpreter_config: triton.Config, min_n: int, min_k: int):  # type: ignore[no-untyped-def]
     """Autotune's config filter: under the interpreter its one small config; else the configs whose blocks
-    do not exceed N and K (rounded up to powers of two, at least min_n / min_k)."""
+    do not exceed N and K (rounded up to powers of two, at least min_n / min_k); only the first of them under
+    SPECBENCH_AUTOTUNE=first (correctness runs)."""
     def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
         if interpreting():
             return [interpreter_config]
         n, k = named_args["N"], named_args["K"]
         kept = [c for c in configs if c.kwargs["BLOCK_N"] <= max(min_n, triton.next_power_of_2(n))
                 and c.kwargs["BLOCK_K"] <= max(min_k, triton.next_power_of_2(k))]
-        return kept or configs[:1]
+        kept = kept or configs[:1]
+        return kept[:1] if autotune_first_only() else kept
     return prune
 
 
