@@ -20,10 +20,14 @@ def _raw(depth: int, vocab: int, seed: int, ties: bool) -> torch.Tensor:
     return torch.randint(0, 3, (depth, vocab), generator=g).float() if ties else 3 * torch.randn(depth, vocab, generator=g)
 
 
+def _reference(depth: int, vocab: int, budget: int, seed: int, ties: bool):
+    """(top-k tokens, their log-probs, `build_top_b`'s tree) of one random table, on the CPU."""
+    tok, lp = DepthScores(5, torch.log_softmax(_raw(depth, vocab, seed, ties), -1)).topk(min(budget, vocab))
+    return tok, lp, build_top_b(5, tok, lp, budget)
+
+
 def _case(depth: int, vocab: int, budget: int, seed: int, ties: bool, device: str, use_topk: bool | None = None):
-    raw = _raw(depth, vocab, seed, ties)
-    tok, lp = DepthScores(5, torch.log_softmax(raw, -1)).topk(min(budget, vocab))
-    ref = build_top_b(5, tok, lp, budget)
+    tok, lp, ref = _reference(depth, vocab, budget, seed, ties)
     got = TopBTree(budget, min(budget, vocab), torch.device(device), use_topk=use_topk)(
         torch.tensor([5], device=device), tok.to(device), lp.to(device))
     return got, ref
@@ -54,12 +58,11 @@ def test_kernel_equals_build_top_b_full_size(cuda, depth, vocab, budget) -> None
                                                         (5, 20, 9, True)])
 def test_batched_launch_equals_one_build_per_tree(device, depth, vocab, budget, ties) -> None:
     """`TopBTree.batch` (one program per tree) returns each tree as `build_top_b` does."""
-    cases = [_case(depth, vocab, budget, seed, ties, "cpu")[1] for seed in range(4)]
-    tables = [DepthScores(5, torch.log_softmax(_raw(depth, vocab, seed, ties), -1)).topk(min(budget, vocab))
-              for seed in range(4)]
+    tables = [_reference(depth, vocab, budget, seed, ties) for seed in range(4)]  # the reference on the CPU, any device
+    cases = [ref for _, _, ref in tables]
     anchors = torch.tensor([5, 7, 9, 11])
     got = TopBTree(budget, min(budget, vocab), torch.device(device)).batch(
-        anchors.to(device), torch.stack([t for t, _ in tables]).to(device), torch.stack([v for _, v in tables]).to(device))
+        anchors.to(device), torch.stack([t for t, _, _ in tables]).to(device), torch.stack([v for _, v, _ in tables]).to(device))
     for i, ref in enumerate(cases):
         assert int(got[0][i, 0]) == int(anchors[i])
         assert torch.equal(got[0][i, 1:].cpu(), ref.tokens[1:])
