@@ -111,7 +111,8 @@ class SideStage:
     """Stage `name` of a chain replayed on a second stream: it starts from the point on the main
     stream before stage `fork` (it waits for what precedes `fork`, not for `fork` itself) and the main
     stream waits for it before stage `join` (the wait is marked as part of `name`: its exposed time).
-    It runs while the main stream's graphs run, so it is captured in a memory pool of its own. Each
+    It runs while the main stream's graphs run, so it is captured in a memory pool of its own and on
+    its own stream (what libraries keep per stream, cuBLAS's workspace, is then its own too). Each
     replay records its own span on the side stream (`span`: CUDA timing events, read after a sync)."""
 
     name: str
@@ -144,7 +145,12 @@ class StageGraphs:
         with torch.inference_mode():
             for name, step in stages:
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=own if side is not None and name == side.name else pool):
+                on_side = side is not None and name == side.name
+                # the side stage is captured on its own stream: library workspaces are per stream (cuBLAS's
+                # split-K scratch), so a side graph captured on the chain's capture stream would share the
+                # main graphs' and race with them when replayed beside them (seen on the H200: wrong GEMMs,
+                # NaN logits; `scripts/foresight_divergence.py`)
+                with torch.cuda.graph(graph, pool=own if on_side else pool, stream=side.stream if on_side else None):
                     x = step(x)
                 self.graphs.append(graph)
                 self.outputs.append(x)
