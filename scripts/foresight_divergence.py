@@ -64,12 +64,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--head", default="specbench/heads/jetspec++-smollm2-135m", help="a jetspec++ checkpoint directory")
+    p.add_argument("--untrained-adapter", action="store_true",
+                   help="the CUDA test's other draft model: the shipped jetspec head with an untrained adapter")
     p.add_argument("--cases", default="1,1,16,chain,15;2,1,8,ddtree-vec,24", help="J,R,B,tree,budget;...")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--out", default=None, help="JSON lines, one per case and variant")
     args = p.parse_args()
     target = load_target(None, device=args.device, dtype="float32")
-    head, adapter = load_jetspecpp(target, args.head)
+    if args.untrained_adapter:
+        from test_jetspecpp_device_cuda import parts
+
+        head, adapter = parts(target, False)
+    else:
+        head, adapter = load_jetspecpp(target, args.head)
     ar = SpecDecoder(target, SpecConfig(), max_seq_len=MAX_SEQ_LEN, cuda_graphs=False)
     want = [ar.generate(target.encode_chat(t), NEW).tokens for t in PROMPTS for _ in range(2)]
     sink = open(args.out, "w") if args.out else None
