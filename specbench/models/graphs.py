@@ -19,6 +19,24 @@ from torch import Tensor
 from specbench.models.decoder import ForwardOutput, KVCache, Transformer
 
 
+def distinct_stream(device: torch.device | None, avoid: Sequence[torch.cuda.Stream]) -> torch.cuda.Stream:
+    """A stream of `device` that is none of `avoid`. `torch.cuda.Stream()` hands out PyTorch's pooled
+    streams round-robin (32 per priority and device), so two calls, or a call and the stream that
+    `torch.cuda.graph` captures on by default, can return the same CUDA stream; work that must run
+    side by side needs streams known to differ (libraries keep scratch per stream: see `SideStage`)."""
+    taken = {s.cuda_stream for s in avoid}
+    for _ in range(65):  # two rounds of a pool
+        stream = torch.cuda.Stream(device=device)
+        if stream.cuda_stream not in taken:
+            return stream
+    raise RuntimeError(f"no CUDA stream of {device} outside {len(taken)} taken ones")
+
+
+def graph_capture_stream() -> torch.cuda.Stream:
+    """The stream `torch.cuda.graph` captures on when given none (made on first use)."""
+    return torch.cuda.graph(torch.cuda.CUDAGraph()).capture_stream
+
+
 def pad_tree_inputs(tokens: Tensor, positions: Tensor, tree_mask: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
     """Pad [B, n] tokens/positions and a [B, n, n] mask to `size` with inert nodes (token 0, the last
     real position, attending only to themselves)."""
@@ -141,16 +159,17 @@ class StageGraphs:
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self.outputs: list[Any] = []
         pool, own = torch.cuda.graph_pool_handle(), torch.cuda.graph_pool_handle()
+        # with a side stage the chain is captured on a stream known to differ from the side stage's, which
+        # is captured on its own: library scratch is kept per stream (cuBLAS's split-K workspace), so graphs
+        # captured on one stream share it and race when replayed side by side (seen on the H200: wrong
+        # GEMMs and NaN logits in the pipelined jetspec++ round; `scripts/foresight_divergence.py`)
+        main = distinct_stream(side.stream.device, [side.stream]) if side is not None else None
         x = first_input
         with torch.inference_mode():
             for name, step in stages:
                 graph = torch.cuda.CUDAGraph()
                 on_side = side is not None and name == side.name
-                # the side stage is captured on its own stream: library workspaces are per stream (cuBLAS's
-                # split-K scratch), so a side graph captured on the chain's capture stream would share the
-                # main graphs' and race with them when replayed beside them (seen on the H200: wrong GEMMs,
-                # NaN logits; `scripts/foresight_divergence.py`)
-                with torch.cuda.graph(graph, pool=own if on_side else pool, stream=side.stream if on_side else None):
+                with torch.cuda.graph(graph, pool=own if on_side else pool, stream=side.stream if on_side else main):  # type: ignore[union-attr]
                     x = step(x)
                 self.graphs.append(graph)
                 self.outputs.append(x)

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from specbench.models.decoder import Transformer
+from specbench.models.graphs import distinct_stream, graph_capture_stream
 from specbench.models.target import TargetModel
 
 PIPELINES = ("auto", "sequential", "concurrent")
@@ -71,7 +72,9 @@ class Pipeline:
             raise ValueError(f"pipeline=concurrent needs a CUDA draft device, not {device}: use pipeline=sequential")
         self.device = device
         self.concurrent = cuda and mode != "sequential"
-        self.side = torch.cuda.Stream(device=device) if self.concurrent else None
+        # a stream that is not the one graphs are captured on by default (the host round's verify forward
+        # replays such a graph beside this stream's eager work: each needs its own library scratch)
+        self.side = distinct_stream(device, [graph_capture_stream()]) if self.concurrent else None
         self._fork: Any = None
         self._done: Any = None
         self._held: tuple[Any, ...] = ()
