@@ -163,6 +163,19 @@ def make_row(study: Study, unit: Unit, target: TargetModel, result: GenerationRe
     }
 
 
+def median_run(runs: list[GenerationResult]) -> GenerationResult:
+    """The run of median decode time (the lower middle of an even count): one host stall (a collector
+    pass, a page fault) in one repeat moves neither the row's time nor its speed-up."""
+    return sorted(runs, key=lambda r: r.stats.decode_time)[(len(runs) - 1) // 2]
+
+
+def repeat_fields(runs: list[GenerationResult]) -> dict[str, Any]:
+    """What the row says about its repeats: every decode time, and whether they emitted the same tokens
+    (sampling is seeded per item, so a repeat that did not is non-determinism worth seeing)."""
+    return {"timing_repeats": len(runs), "decode_s_repeats": [r.stats.decode_time for r in runs],
+            "repeats_agree": all(r.tokens == runs[0].tokens for r in runs)}
+
+
 def stable_json(obj: Any) -> str:
     return json.dumps(dict(obj), sort_keys=True, default=str)
 
@@ -232,11 +245,13 @@ def _run_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, s
             decoder = decoders[vkey]
             assert decoder is not None
             try:
-                result = decoder.generate(prompt_ids, unit.variant.run.max_new_tokens, sampling)
+                runs = [decoder.generate(prompt_ids, unit.variant.run.max_new_tokens, sampling)
+                        for _ in range(study.timing_repeats)]
             except ConfigError as exc:
                 raise ConfigError(f"{unit.dataset.label} item {unit.item.id!r} turn {unit.turn} "
                                   f"({unit.variant.label}): {exc}", keys=exc.keys) from None
-            _record(make_row(study, unit, target, result, seed, prov), unit, store, bar, stats, on_row)
+            _record(make_row(study, unit, target, median_run(runs), seed, prov) | repeat_fields(runs),
+                    unit, store, bar, stats, on_row)
             written += 1
     finally:
         decoders.clear()

@@ -138,6 +138,7 @@ class Study:
     dtype: str = "float32"
     attention: str = "auto"
     warmup_tokens: int = 8
+    timing_repeats: int = 1  # decode each prompt this many times; the row keeps the median-time run's stats
     replay: bool = False  # tau by exact replay instead of timed decoding (module docstring)
     table: TableSpec = field(default_factory=TableSpec)
     description: str = ""
@@ -161,6 +162,8 @@ class Study:
                 raise StudyError(f"study {self.name!r}: max_new_tokens must hold integers >= 1, got {m!r}")
         if not isinstance(self.warmup_tokens, int) or self.warmup_tokens < 0:
             raise StudyError(f"study {self.name!r}: warmup_tokens must be an integer >= 0, got {self.warmup_tokens!r}")
+        if not isinstance(self.timing_repeats, int) or isinstance(self.timing_repeats, bool) or self.timing_repeats < 1:
+            raise StudyError(f"study {self.name!r}: timing_repeats must be an integer >= 1, got {self.timing_repeats!r}")
         if not isinstance(self.replay, bool):
             raise StudyError(f"study {self.name!r}: replay must be true or false, got {self.replay!r}")
         if not isinstance(self.table, TableSpec):

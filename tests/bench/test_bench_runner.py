@@ -143,3 +143,39 @@ def test_an_optional_drafter_whose_weights_do_not_load_is_skipped_with_a_note(
     assert any("cannot build it: FileNotFoundError: no weights for BrokenHead" in n for n in result.notes)
     with pytest.raises(FileNotFoundError, match="no weights"):
         run_study(optional.with_overrides(["optional=false"]), out_dir=tmp_path / "b", progress=False, log=lambda m: None)
+
+
+def test_timing_repeats_keep_the_median_run_and_say_so(tmp_path: Path, tiny_study: Study) -> None:
+    """Each prompt decoded three times: the row's decode time is the median of the three it lists, the
+    repeats emitted the same tokens (greedy), and the output is the single-run study's."""
+    import dataclasses
+
+    once = read_rows(run_study(tiny_study, out_dir=tmp_path / "once", progress=False, log=lambda m: None).results)
+    study = dataclasses.replace(tiny_study, timing_repeats=3)
+    rows = read_rows(run_study(study, out_dir=tmp_path / "thrice", progress=False, log=lambda m: None).results)
+    assert len(rows) == len(once)
+    for row in rows:
+        times = row["decode_s_repeats"]
+        assert row["timing_repeats"] == 3 and len(times) == 3 and row["repeats_agree"]
+        assert row["decode_s"] == sorted(times)[1]
+    assert {r["key"]: r["output_ids"] for r in rows} == {r["key"]: r["output_ids"] for r in once}
+
+
+def test_median_run_is_the_lower_middle() -> None:
+    from types import SimpleNamespace
+
+    from specbench.bench.runner import median_run
+
+    runs = [SimpleNamespace(stats=SimpleNamespace(decode_time=t)) for t in (0.9, 0.1, 0.5, 0.3)]
+    assert median_run(runs).stats.decode_time == 0.3  # type: ignore[arg-type]
+    assert median_run(runs[:3]).stats.decode_time == 0.5  # type: ignore[arg-type]
+
+
+def test_timing_repeats_must_be_a_positive_integer(tiny_study: Study) -> None:
+    import dataclasses
+
+    from specbench.bench.study import StudyError
+
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(StudyError, match="timing_repeats"):
+            dataclasses.replace(tiny_study, timing_repeats=bad)
