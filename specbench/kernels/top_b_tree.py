@@ -13,7 +13,8 @@ more than the head pass it builds from. Here one program keeps every step on chi
 
 Inputs: lp, tokens [D, K] ranked per depth (log-probs float32, clamped at 0; K = min(B, V)), the
 anchor [1] (device), B. The candidate pairs' (place, rank) table depends only on B (`pair_table`).
-Scratch per depth lives in global memory (one program, barriers between writes and reads). `batch`
+Each depth's beam stays on chip (`tl.gather` reads a pair's beam score and the chosen candidates' fields);
+the beams are written to global memory only for the final pick, read after one barrier. `batch`
 builds B trees in one launch, one program per tree (JetSpec++'s foresight builds 16 a round).
 """
 
@@ -50,7 +51,17 @@ def _best(keys, KP: tl.constexpr, USE_TOPK: tl.constexpr):
 
 
 @triton.jit
-def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, CandScore, BeamScore, BeamParent, BeamRank,
+def _beam_scores(score, first, B_PAD: tl.constexpr):
+    """The new beam's scores as a [B_PAD] tensor: `score` is [B_PAD] from `tl.topk`, or [M_PAD] (>= B_PAD)
+    from `tl.sort`, whose first B_PAD entries hold the beam."""
+    if score.shape[0] == B_PAD:
+        return tl.where(first, score, 0.0)
+    keep = tl.arange(0, score.shape[0]) < B_PAD
+    return tl.reshape(tl.where(first & keep, score, 0.0), [score.shape[0] // B_PAD, B_PAD]).sum(axis=0)
+
+
+@triton.jit
+def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, BeamScore, BeamParent, BeamRank,
                        BeamCount, NodeOf, OutTok, OutPar, OutDep, OutScore,
                        D, K, M, NODES, stride_lp, stride_tok, stride_lp_tree, stride_tok_tree,
                        B: tl.constexpr, M_PAD: tl.constexpr, T_PAD: tl.constexpr, B_PAD: tl.constexpr,
@@ -59,7 +70,6 @@ def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, CandScore, BeamScor
     LP += tree * stride_lp_tree
     Tok += tree * stride_tok_tree
     Anchor += tree
-    CandScore += tree * M_PAD
     BeamScore += tree * D * B
     BeamParent += tree * D * B
     BeamRank += tree * D * B
@@ -74,26 +84,27 @@ def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, CandScore, BeamScor
     place = tl.load(PairPlace + m, mask=pair_ok, other=0)
     rank = tl.load(PairRank + m, mask=pair_ok, other=0)
     lowest = tl.full([M_PAD], -9223372036854775808, tl.int64)
+    beam = tl.zeros([B_PAD], dtype=tl.float32)  # the last beam's scores, on chip (the root's: 0)
     beam_size = 1  # the root
     for d in range(0, D):
         valid = pair_ok & (place < beam_size) & (rank < K)
-        prev = tl.load(BeamScore + (d - 1) * B + place, mask=valid & (d > 0), other=0.0)  # the root scores 0
+        prev = tl.gather(beam, tl.where(valid, place, 0), 0)  # [M_PAD] the pair's beam entry's score
         lp = tl.load(LP + d * stride_lp + rank, mask=valid, other=0.0)
         cand = prev + lp  # float32, as the reference adds
         best = _best(tl.where(valid, _order_key(cand, m), lowest), B_PAD, USE_TOPK)  # [B_PAD] (or [M_PAD])
         j = tl.arange(0, best.shape[0])
         idx = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(tl.int32)  # candidate index, in beam order
         count = tl.minimum(tl.sum(valid.to(tl.int32), 0), B)
-        tl.store(CandScore + m, cand, mask=pair_ok)  # gathered back by index through global memory
-        tl.debug_barrier()
         first = j < count
         src = tl.where(first, idx, 0)
-        tl.store(BeamScore + d * B + j, tl.load(CandScore + src, mask=first, other=0.0, volatile=True), mask=first)
-        tl.store(BeamParent + d * B + j, tl.load(PairPlace + src, mask=first, other=0), mask=first)
-        tl.store(BeamRank + d * B + j, tl.load(PairRank + src, mask=first, other=0), mask=first)
+        score = tl.gather(cand, src, 0)  # [B_PAD] (or [M_PAD]): the new beam, gathered on chip
+        tl.store(BeamScore + d * B + j, score, mask=first)  # kept for the final pick (read after one barrier)
+        tl.store(BeamParent + d * B + j, tl.gather(place, src, 0), mask=first)
+        tl.store(BeamRank + d * B + j, tl.gather(rank, src, 0), mask=first)
         tl.store(BeamCount + d, count)
-        tl.debug_barrier()
+        beam = _beam_scores(score, first, B_PAD)
         beam_size = count
+    tl.debug_barrier()
     # the best NODES of all beams: (score desc, depth asc, place asc) = entry index d * B + place asc
     t = tl.arange(0, T_PAD)
     entry_d = t // B
@@ -175,7 +186,6 @@ class TopBTree:
         tok, anchors = tokens.contiguous(), anchors.contiguous()
         dev, b = logp.device, self.budget
         i32 = dict(dtype=torch.int32, device=dev)
-        cand = torch.empty(trees, self.m_pad, dtype=torch.float32, device=dev)
         beam_score = torch.empty(trees, depth * b, dtype=torch.float32, device=dev)
         beam_parent, beam_rank = torch.empty(trees, depth * b, **i32), torch.empty(trees, depth * b, **i32)
         beam_count, node_of = torch.empty(trees, depth, **i32), torch.empty(trees, depth * b, **i32)
@@ -183,7 +193,7 @@ class TopBTree:
         out_tok, out_par, out_dep = (torch.empty(trees, 1 + nodes, dtype=torch.long, device=dev) for _ in range(3))
         out_score = torch.empty(trees, 1 + nodes, dtype=torch.float32, device=dev)
         t_pad = triton.next_power_of_2(max(depth * b, 2))
-        _top_b_tree_kernel[(trees,)](lp, tok, anchors, self.place, self.rank, cand, beam_score, beam_parent, beam_rank,
+        _top_b_tree_kernel[(trees,)](lp, tok, anchors, self.place, self.rank, beam_score, beam_parent, beam_rank,
                                      beam_count, node_of, out_tok, out_par, out_dep, out_score,
                                      depth, width, self.place.numel(), nodes, lp.stride(1), tok.stride(1),
                                      lp.stride(0), tok.stride(0),
