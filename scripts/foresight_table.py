@@ -83,6 +83,15 @@ def measure(decoder, ids: list[int], new: int) -> dict:  # type: ignore[no-untyp
     return row
 
 
+def keep_median(runs: list[dict]) -> dict:
+    """Of repeated measurements of one prompt, the median-time one (the lower middle), with every
+    repeat's tok/s and whether they emitted the same tokens."""
+    kept = dict(sorted(runs, key=lambda r: r["round_ms"])[(len(runs) - 1) // 2])
+    kept.update(repeats=len(runs), tok_s_repeats=[r["tok_s"] for r in runs],
+                repeats_agree=all(r["output"] == runs[0]["output"] for r in runs))
+    return kept
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSONL of rows (appended; resumes)")
@@ -106,8 +115,12 @@ def main() -> int:
     p.add_argument("--n", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--warmup-tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="decode each prompt this many times and keep the median-time run (one host stall moves no row)")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
     out = Path(args.out)
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() else []
     if not args.table_only:
@@ -143,7 +156,8 @@ def run(args: argparse.Namespace, out: Path, rows: list[dict]) -> None:
             decoder.generate(ids, args.warmup_tokens)
         for ds, pid, ids in todo:
             t0 = time.monotonic()
-            row = {"config": name, "dataset": ds, "id": pid, **measure(decoder, ids, args.max_new_tokens),
+            kept = keep_median([measure(decoder, ids, args.max_new_tokens) for _ in range(args.repeats)])
+            row = {"config": name, "dataset": ds, "id": pid, **kept,
                    "tree": args.tree, "device": args.device, "dtype": args.dtype, "head": args.head, "states": args.states,
                    "draft_device": args.draft_device, "B": args.B, "calibration": args.calibration}
             if name == "ar":

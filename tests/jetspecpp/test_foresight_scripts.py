@@ -76,3 +76,12 @@ def test_foresight_table_measures_a_pipelined_generation(tiny, trained_jpp, tmp_
                               configs="jetspec++ pipelined,jetspec++ pipelined host")
     cfgs = table.configs(args)
     assert "host" not in cfgs["jetspec++ pipelined"]["args"] and cfgs["jetspec++ pipelined host"]["args"]["host"] is True
+
+
+def test_foresight_table_keeps_the_median_of_repeats() -> None:
+    keep = load_script("foresight_table").keep_median
+    runs = [{"round_ms": t, "tok_s": 1 / t, "output": [1, 2]} for t in (3.0, 1.0, 2.0)]
+    kept = keep(runs)
+    assert kept["round_ms"] == 2.0 and kept["repeats"] == 3 and kept["repeats_agree"]
+    assert kept["tok_s_repeats"] == [1 / 3.0, 1.0, 0.5]
+    assert not keep(runs[:2] + [{"round_ms": 5.0, "tok_s": 0.2, "output": [1, 3]}])["repeats_agree"]
