@@ -99,3 +99,21 @@ def test_one_row_takes_the_matrix_vector_kernel_with_ragged_blocks(device, dtype
     assert torch.equal(resid, resid_ref) if exact_casts(device, dtype) else rel_err(resid, resid_ref) <= TOL[dtype]
     gate_up = _randn(g, 1, 2 * k, dtype=dtype, device=device, scale=3.0)
     assert rel_err(silu_mul_linear(gate_up, w), silu_mul_linear_reference(gate_up, w)) <= TOL[dtype]
+
+
+def test_bench_script_configs_compute_the_unfused_result(device) -> None:
+    """scripts/bench_norm_linear.py launches the tile kernel at explicit configs, row tiles of 16 to 64
+    included (what it times on the GPU): each agrees with the unfused pair, over several row tiles and a
+    ragged last one."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_norm_linear.py"
+    spec = importlib.util.spec_from_file_location("bench_norm_linear", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    cfgs = [(16, 16, 32, 4, 1), (32, 16, 32, 4, 1), (64, 32, 64, 4, 1)]
+    errors = bench.check_configs(33, 64, 48, device, torch.float32, cfgs)
+    assert set(errors) == set(cfgs) and max(errors.values()) < 1e-4, errors
+    assert {c[0] for c in bench.configs(65, 576, 960)} == {16, 32, 64, 128}
+    assert {c[0] for c in bench.configs(17, 576, 960)} == {16, 32}
