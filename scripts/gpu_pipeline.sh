@@ -31,7 +31,8 @@
 #   profile  scripts/profile_round.py --kernels for PROFILE_CONFIGS (PROFILE_ARGS: its drafter args; PROFILE_END_S)
 #   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S)
 #   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD, default the shipped head; FS_CAL: a
-#            calibration file for the foresight scores; FS_END_S)
+#            calibration file for the foresight scores; FS_ARGS more flags, e.g. "--J 0 --R 0", with FS_TAG naming
+#            their files; FS_END_S)
 #   eval     the new heads installed as the shipped ones, then: foresight GPU tests, recorded rounds and
 #            calibration (foresight_hits), Table 3 (foresight_table) at chain:16 and ddtree:64, the
 #            per-stage round table of every drafter, each cut by its own timeout (PIPE_END_S)
@@ -217,9 +218,9 @@ phase_fstable() {
     log "foresight_table $tree"
     timeout $(left ${FS_END_S:-700}) python3 scripts/foresight_table.py --data $SPECBENCH_DATA --device $DEVICE --dtype $DTYPE \
       --target $TARGET --head ${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} ${FS_CAL:+--calibration $FS_CAL} --tree $tree --n ${FS_N:-5} --max-new-tokens 256 \
-      --configs "${FS_CONFIGS:-ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined}" \
-      --out $F/table_${tree%%:*}.jsonl > $F/table_${tree%%:*}.txt 2>&1
-    grep -v "^foresight_table:" $F/table_${tree%%:*}.txt | tail -20
+      --configs "${FS_CONFIGS:-ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined}" ${FS_ARGS:-} \
+      --out $F/table_${tree%%:*}${FS_TAG:-}.jsonl > $F/table_${tree%%:*}${FS_TAG:-}.txt 2>&1
+    grep -v "^foresight_table:" $F/table_${tree%%:*}${FS_TAG:-}.txt | tail -20
   done
   bundle pack fstable fstable --spool $SPOOL --base $P
 }
