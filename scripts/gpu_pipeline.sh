@@ -31,7 +31,7 @@
 #   profile  scripts/profile_round.py --kernels for PROFILE_CONFIGS (PROFILE_ARGS: its drafter args; PROFILE_END_S)
 #   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S)
 #   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD, default the shipped head; FS_CAL: a
-#            calibration file for the foresight scores; FS_ARGS more flags, e.g. "--J 0" (no refinement pass), with FS_TAG naming
+#            calibration file for the foresight scores; FS_ARGS more flags, e.g. "--J 0 --R 0" (no refinement, no refresh), with FS_TAG naming
 #            their files; FS_END_S)
 #   eval     the new heads installed as the shipped ones, then: foresight GPU tests, recorded rounds and
 #            calibration (foresight_hits), Table 3 (foresight_table) at chain:16 and ddtree:64, the
