@@ -163,6 +163,29 @@ def make_row(study: Study, unit: Unit, target: TargetModel, result: GenerationRe
     }
 
 
+class CollectorTime:
+    """Seconds Python's cyclic garbage collector ran inside the `with` block (`gc.callbacks`): a row's
+    host time that no stage accounts for may be the collector's, and the row says how much was."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start: float | None = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+    def __enter__(self) -> "CollectorTime":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 def median_run(runs: list[GenerationResult]) -> GenerationResult:
     """The run of median decode time (the lower middle of an even count): one host stall (a collector
     pass, a page fault) in one repeat moves neither the row's time nor its speed-up."""
@@ -244,14 +267,18 @@ def _run_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, s
                     continue
             decoder = decoders[vkey]
             assert decoder is not None
+            runs, collector = [], []
             try:
-                runs = [decoder.generate(prompt_ids, unit.variant.run.max_new_tokens, sampling)
-                        for _ in range(study.timing_repeats)]
+                for _ in range(study.timing_repeats):
+                    with CollectorTime() as gc_time:
+                        runs.append(decoder.generate(prompt_ids, unit.variant.run.max_new_tokens, sampling))
+                    collector.append(gc_time.seconds)
             except ConfigError as exc:
                 raise ConfigError(f"{unit.dataset.label} item {unit.item.id!r} turn {unit.turn} "
                                   f"({unit.variant.label}): {exc}", keys=exc.keys) from None
-            _record(make_row(study, unit, target, median_run(runs), seed, prov) | repeat_fields(runs),
-                    unit, store, bar, stats, on_row)
+            kept = median_run(runs)
+            _record(make_row(study, unit, target, kept, seed, prov) | repeat_fields(runs)
+                    | {"gc_s": collector[runs.index(kept)]}, unit, store, bar, stats, on_row)
             written += 1
     finally:
         decoders.clear()

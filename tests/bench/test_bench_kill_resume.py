@@ -17,7 +17,7 @@ from specbench.bench.store import read_rows
 
 REPO = Path(__file__).resolve().parents[2]
 MEASURED = {"finished_at", "prefill_s", "decode_s", "decode_tok_s", "e2e_tok_s", "stage_s", "process_max_rss_bytes",
-            "peak_memory_bytes", "decode_s_repeats"}
+            "peak_memory_bytes", "decode_s_repeats", "gc_s"}
 
 
 def write_study(tmp_path: Path) -> Path:
