@@ -21,7 +21,8 @@
 #            --head-arg rkl:losses={"rkl":1}' (Table 14; JSON, no spaces: the words are split), or
 #            --head-arg noised:p_mask_only=1 (Table 13)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
-#            Qwen3-8B shapes), then scripts/bench_norm_linear.py (NL_BENCH=0: not); the faster level on SmolLM2's AR
+#            Qwen3-8B shapes; BENCH_ARGS e.g. --profile: the AR step's kernel table), then scripts/bench_norm_linear.py
+#            (NL_BENCH=0: not); the faster level on SmolLM2's AR
 #            step becomes SPECBENCH_FUSED_LEVEL for what follows
 #   gputests python -m pytest -m "$GPUTEST_MARK" $GPUTEST_PATHS (default: -m gpu tests/gpu; SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD,
 #            default the shipped head); GPUTEST_PATHS="tests/kernels tests/gpu" GPUTEST_MARK="gpu or not slow" adds every
@@ -148,7 +149,7 @@ phase_kernels() {
   fi
   log "bench_step"
   timeout ${BENCH_S:-180} python3 scripts/bench_step.py --shapes smollm2-135m-shape,qwen3-8b-shape \
-    --variants ${BENCH_VARIANTS:-elementwise/triton,gemm/triton} --out $K/bench_step.json > $K/bench_step.txt 2>&1
+    --variants ${BENCH_VARIANTS:-elementwise/triton,gemm/triton} ${BENCH_ARGS:-} --out $K/bench_step.json > $K/bench_step.txt 2>&1
   grep -v "^ *$" $K/bench_step.txt | tail -30
   if [ "${NL_BENCH:-1}" = 1 ]; then
     log "bench_norm_linear (the tile kernel's row tiles at 17/65 rows vs the unfused pair)"
