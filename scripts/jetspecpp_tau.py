@@ -87,6 +87,9 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a shared CPU)")
     p.add_argument("--minutes", type=float, default=None, help="stop cleanly (between prompts) after this long")
+    p.add_argument("--reverse", action="store_true",
+                   help="take the prompts from the last: a second process (its own --out) fills from the other end; "
+                        "concatenate the two files to merge them (a rerun on the merged file skips what either did)")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args()
     out = Path(args.out)
@@ -126,6 +129,8 @@ def main() -> int:
     done = {(r["dataset"], r["id"], r["head"], r["setting"], r["tree"], r["budget"]) for r in rows}
     todo = [x for x in prompts(target, args)
             if any((x[0], x[1], h, s, t, b) not in done for (h, s) in drafters for t, b in trees)]
+    if args.reverse:
+        todo.reverse()
     print(f"jetspecpp_tau: {len(todo)} prompts, {len(drafters) * len(trees)} configurations each", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
