@@ -86,7 +86,9 @@ def measure(decoder, ids: list[int], new: int) -> dict:  # type: ignore[no-untyp
 def keep_median(runs: list[dict]) -> dict:
     """Of repeated measurements of one prompt, the median-time one (the lower middle), with every
     repeat's tok/s and whether they emitted the same tokens."""
-    kept = dict(sorted(runs, key=lambda r: r["round_ms"])[(len(runs) - 1) // 2])
+    from specbench.bench.runner import median_by
+
+    kept = dict(median_by(runs, key=lambda r: r["round_ms"]))
     kept.update(repeats=len(runs), tok_s_repeats=[r["tok_s"] for r in runs],
                 repeats_agree=all(r["output"] == runs[0]["output"] for r in runs))
     return kept

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 from tqdm import tqdm
@@ -39,6 +39,8 @@ from specbench.engine import GenerationResult, SpecDecoder
 from specbench.models import load_target
 from specbench.models.target import TargetModel
 from specbench.trees import TREE_POLICIES
+
+T = TypeVar("T")
 
 
 def default_out_dir(study: Study) -> Path:
@@ -186,10 +188,10 @@ class CollectorTime:
         gc.callbacks.remove(self._callback)
 
 
-def median_run(runs: list[GenerationResult]) -> GenerationResult:
-    """The run of median decode time (the lower middle of an even count): one host stall (a collector
-    pass, a page fault) in one repeat moves neither the row's time nor its speed-up."""
-    return sorted(runs, key=lambda r: r.stats.decode_time)[(len(runs) - 1) // 2]
+def median_by(items: list[T], key: Callable[[T], float]) -> T:
+    """The item of median `key` (the lower middle of an even count): of timing repeats, the run one host
+    stall (a collector pass, a page fault) in another repeat cannot move."""
+    return sorted(items, key=key)[(len(items) - 1) // 2]
 
 
 def repeat_fields(runs: list[GenerationResult]) -> dict[str, Any]:
@@ -267,18 +269,18 @@ def _run_group(study: Study, todo: list[Unit], store: ResultsStore, bar: tqdm, s
                     continue
             decoder = decoders[vkey]
             assert decoder is not None
-            runs, collector = [], []
+            timed: list[tuple[GenerationResult, float]] = []  # (run, collector seconds inside it)
             try:
                 for _ in range(study.timing_repeats):
                     with CollectorTime() as gc_time:
-                        runs.append(decoder.generate(prompt_ids, unit.variant.run.max_new_tokens, sampling))
-                    collector.append(gc_time.seconds)
+                        result = decoder.generate(prompt_ids, unit.variant.run.max_new_tokens, sampling)
+                    timed.append((result, gc_time.seconds))
             except ConfigError as exc:
                 raise ConfigError(f"{unit.dataset.label} item {unit.item.id!r} turn {unit.turn} "
                                   f"({unit.variant.label}): {exc}", keys=exc.keys) from None
-            kept = median_run(runs)
-            _record(make_row(study, unit, target, kept, seed, prov) | repeat_fields(runs)
-                    | {"gc_s": collector[runs.index(kept)]}, unit, store, bar, stats, on_row)
+            kept, gc_s = median_by(timed, key=lambda t: t[0].stats.decode_time)
+            _record(make_row(study, unit, target, kept, seed, prov) | repeat_fields([r for r, _ in timed])
+                    | {"gc_s": gc_s}, unit, store, bar, stats, on_row)
             written += 1
     finally:
         decoders.clear()

@@ -161,14 +161,13 @@ def test_timing_repeats_keep_the_median_run_and_say_so(tmp_path: Path, tiny_stud
     assert {r["key"]: r["output_ids"] for r in rows} == {r["key"]: r["output_ids"] for r in once}
 
 
-def test_median_run_is_the_lower_middle() -> None:
-    from types import SimpleNamespace
+def test_median_by_is_the_lower_middle() -> None:
+    from specbench.bench.runner import median_by
 
-    from specbench.bench.runner import median_run
-
-    runs = [SimpleNamespace(stats=SimpleNamespace(decode_time=t)) for t in (0.9, 0.1, 0.5, 0.3)]
-    assert median_run(runs).stats.decode_time == 0.3  # type: ignore[arg-type]
-    assert median_run(runs[:3]).stats.decode_time == 0.5  # type: ignore[arg-type]
+    times = [0.9, 0.1, 0.5, 0.3]
+    assert median_by(times, key=float) == 0.3
+    assert median_by(times[:3], key=float) == 0.5
+    assert median_by([("a", 2.0), ("b", 1.0), ("c", 3.0)], key=lambda t: t[1]) == ("a", 2.0)
 
 
 def test_timing_repeats_must_be_a_positive_integer(tiny_study: Study) -> None:
