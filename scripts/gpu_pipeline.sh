@@ -9,7 +9,8 @@
 #   corpus   scripts/gpu_train_session.sh corpus for GEN_MINUTES (issue 14's resumable shards)
 #   train    TRAIN_HEADS on that corpus, a fresh run: a probe of PROBE_STEPS measures the step time, then the
 #            run is rescheduled (wsd) to end by TRAIN_END_S; the state at the start of the decay is packed
-#            (a later session resumes it with --reschedule), the decayed heads are the result
+#            (a later session resumes it with --reschedule), the decayed heads are the result;
+#            TRAIN_EXTRA="--init-heads specbench/heads" trains the shipped heads on (a run whose state is gone)
 #   resume   the same for the run staged in $RUN (scripts/gpu_train_session.sh stage-in), rescheduled at
 #            RATE steps/s (measured by the run that made it) to end by TRAIN_END_S
 #   tau      tau by exact replay of $RUN/heads (scripts/tau_table.py: TAU_N items of GSM8K and MATH-500,
@@ -33,7 +34,8 @@
 #   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S)
 #   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD, default the shipped head; FS_CAL: a
 #            calibration file for the foresight scores; FS_ARGS more flags, e.g. "--J 0 --R 0" (no refinement, no refresh), with FS_TAG naming
-#            their files; FS_END_S)
+#            their files; or FS_VARIANTS="TAG|CONFIGS|ARGS;..." several such runs per tree, e.g.
+#            FS_VARIANTS="|ar,dflash,jetspec++ critical,jetspec++ pipelined|;_b8|jetspec++ pipelined|--B 8"; FS_END_S)
 #   eval     the new heads installed as the shipped ones, then: foresight GPU tests, recorded rounds and
 #            calibration (foresight_hits), Table 3 (foresight_table) at chain:16 and ddtree:64, the
 #            per-stage round table of every drafter, each cut by its own timeout (PIPE_END_S)
@@ -213,15 +215,20 @@ phase_rounds() {
 }
 
 phase_fstable() {
-  local F=$P/fstable tree; mkdir -p $F
+  local F=$P/fstable tree v tag cfgs args vlist
+  mkdir -p $F
+  IFS=';' read -ra vlist <<< "${FS_VARIANTS:-${FS_TAG:-}|${FS_CONFIGS:-ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined}|${FS_ARGS:-}}"
   for tree in ${FS_TREES:-chain:16}; do
-    [ $(left ${FS_END_S:-700}) -lt 45 ] && { log "no time for the $tree foresight table"; continue; }
-    log "foresight_table $tree"
-    timeout $(left ${FS_END_S:-700}) python3 scripts/foresight_table.py --data $SPECBENCH_DATA --device $DEVICE --dtype $DTYPE \
-      --target $TARGET --head ${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} ${FS_CAL:+--calibration $FS_CAL} --tree $tree --n ${FS_N:-5} --max-new-tokens 256 \
-      --configs "${FS_CONFIGS:-ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined}" ${FS_ARGS:-} \
-      --out $F/table_${tree%%:*}${FS_TAG:-}.jsonl > $F/table_${tree%%:*}${FS_TAG:-}.txt 2>&1
-    grep -v "^foresight_table:" $F/table_${tree%%:*}${FS_TAG:-}.txt | tail -20
+    for v in "${vlist[@]}"; do
+      IFS='|' read -r tag cfgs args <<< "$v"
+      [ $(left ${FS_END_S:-700}) -lt 45 ] && { log "no time for the $tree$tag foresight table"; continue; }
+      log "foresight_table $tree$tag: $cfgs $args"
+      timeout $(left ${FS_END_S:-700}) python3 scripts/foresight_table.py --data $SPECBENCH_DATA --device $DEVICE --dtype $DTYPE \
+        --target $TARGET --head ${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} ${FS_CAL:+--calibration $FS_CAL} --tree $tree \
+        --n ${FS_N:-5} --max-new-tokens 256 --configs "$cfgs" $args \
+        --out $F/table_${tree%%:*}$tag.jsonl > $F/table_${tree%%:*}$tag.txt 2>&1
+      grep -v "^foresight_table:" $F/table_${tree%%:*}$tag.txt | tail -20
+    done
   done
   bundle pack fstable fstable --spool $SPOOL --base $P
 }

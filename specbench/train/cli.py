@@ -15,7 +15,8 @@ prompts held out for validation. Interrupt and rerun the same command to resume 
 
 Heads: `--drafter` entries are objective names or LABEL=OBJECTIVE (several heads of one objective);
 `--head-arg [LABEL:]KEY=VALUE` sets an objective option; `--grid [LABEL:]KEY=V1,V2` adds one head per
-value beside each head (one factor at a time), labelled <label>-<key><value>.
+value beside each head (one factor at a time), labelled <label>-<key><value>; `--init-heads DIR` starts a
+fresh run's heads from trained checkpoints (e.g. specbench/heads: the shipped heads trained on).
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     h.add_argument("--head-storage", choices=STORAGE, default="int8",
                    help="how exported heads store their 2-D weights: int8 per-row, int4 per group of 64 columns "
                         "(half the bytes), or fp32")
+    h.add_argument("--init-heads", default=None, metavar="DIR",
+                   help="a fresh run starts each head from the checkpoint DIR/LABEL or DIR/<drafter>-<target> (e.g. "
+                        "specbench/heads: train the shipped heads on); weights only, the optimizer and schedule start anew")
     h.add_argument("--no-tf32", action="store_true", help="on CUDA, keep the heads' fp32 matmuls off TF32 tensor cores")
     v = p.add_argument_group("validation, snapshots, checkpoints")
     v.add_argument("--val-every", type=int, default=200, help="steps between validation losses (0 = none)")
@@ -318,6 +322,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                               tau_budgets=[int(b) for b in args.val_tau_budgets.split(",") if b],
                               tau_max_new_tokens=args.val_max_new_tokens)
     trainer = Trainer(target, objectives, train_store, config, out, validator=validator, data_identity=identity)
+    from specbench.train.trainer import STATE_FILE
+
+    resuming = (out / STATE_FILE).is_file()
+    if args.init_heads and not resuming:
+        trainer.init_heads(init_sources(args.init_heads, objectives, target))
+        print(f"specbench train: heads start from {trainer.init_sources}", file=sys.stderr)
     if trainer.load_state(total_steps=steps, reschedule=args.reschedule, refresh_data=args.refresh_data):
         print(f"specbench train: resumed at step {trainer.step} of {trainer.total_steps} "
               f"({trainer.tokens_seen:,} response tokens trained on)", file=sys.stderr)
@@ -338,6 +348,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def init_sources(directory: str | Path, objectives: dict[str, Any], target: Any) -> dict[str, Path]:
+    """Each head's checkpoint under `directory` (--init-heads): DIR/LABEL, else DIR/<drafter>-<target>."""
+    from specbench.drafters.heads.checkpoint import CONFIG_FILE, default_head_dir
+
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValueError(f"--init-heads {str(directory)!r}: no such directory")
+    out = {}
+    for label, obj in objectives.items():
+        tried = [root / label, root / default_head_dir(obj.drafter, target.name).name]
+        found = next((d for d in tried if (d / CONFIG_FILE).is_file()), None)
+        if found is None:
+            raise ValueError(f"--init-heads {str(directory)!r}: no checkpoint for head {label!r} (looked for "
+                             f"{', '.join(str(d) for d in tried)})")
+        out[label] = found
+    return out
+
+
 def write_run_file(trainer: Any, labels: dict[str, str], out: Path) -> None:
     """OUT/run.json: what the run is (heads, objectives, data identity, config) and how far it got."""
     from dataclasses import asdict
@@ -345,7 +373,8 @@ def write_run_file(trainer: Any, labels: dict[str, str], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     body = {"heads": {n: labels.get(n, n) for n in trainer.objectives}, "data_identity": trainer.data_identity,
             "step": trainer.step, "total_steps": trainer.total_steps, "tokens_seen": trainer.tokens_seen,
-            "target_fingerprint": trainer.target.fingerprint, "config": asdict(trainer.config)}
+            "target_fingerprint": trainer.target.fingerprint, "config": asdict(trainer.config),
+            "init_sources": trainer.init_sources}
     (out / RUN_FILE).write_text(json.dumps(body, indent=2, default=str))
 
 

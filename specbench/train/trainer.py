@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 from torch import Tensor
 
-from specbench.drafters.heads.checkpoint import save_head
+from specbench.drafters.heads.checkpoint import load_head, save_head
 from specbench.models.target import TargetModel
 from specbench.train.objective import HeadObjective, TargetBatch
 from specbench.train.sequences import TokenStore, TrainingSequence
@@ -222,6 +222,7 @@ class Trainer:
         self.seq_tokens = 0  # all tokens the target ran over
         self.snapshots_done: list[int] = []
         self.rewarm_from: int | None = None
+        self.init_sources: dict[str, str] = {}  # head -> the checkpoint it started from (init_heads)
         counts = self.store.response_counts(target.config.vocab_size)
         for obj in objectives.values():
             obj.prepare(counts)
@@ -246,6 +247,7 @@ class Trainer:
             "seq_tokens": self.seq_tokens,
             "snapshots_done": list(self.snapshots_done),
             "rewarm_from": self.rewarm_from,
+            "init_sources": dict(self.init_sources),
             "generator": self.generator.get_state(),
             "heads": {n: _to_cpu(o.head.state_dict()) for n, o in self.objectives.items()},
             "head_configs": {n: o.head_config() for n, o in self.objectives.items()},
@@ -313,8 +315,29 @@ class Trainer:
         self.tokens_seen, self.seq_tokens = state["tokens_seen"], state["seq_tokens"]
         self.snapshots_done = list(state["snapshots_done"])
         self.rewarm_from = state["rewarm_from"]
+        self.init_sources = dict(state.get("init_sources", {}))
         self.generator.set_state(state["generator"])
         return True
+
+    def init_heads(self, sources: dict[str, str | Path]) -> None:
+        """Start the named heads from trained checkpoints (e.g. the shipped heads, to train them on
+        where an earlier run's state is gone): the weights only, dequantized to fp32; the optimizer
+        moments, step and schedule start fresh (its warm-up re-warms). The architecture must match:
+        the saved head config, its training settings aside, equals this objective's."""
+        if self.step:
+            raise ValueError(f"init_heads starts a fresh run: this one is at step {self.step}")
+        for name, directory in sources.items():
+            obj = self.objectives[name]
+            state, saved = load_head(directory, self.target, dtype=torch.float32)
+            want = {k: v for k, v in obj.head_config().items() if k != "train"}
+            have = {k: v for k, v in saved.items() if k != "train"}
+            if want != have:
+                diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+                raise ValueError(f"--init-heads: the head in {str(directory)!r} differs from the {name!r} head this run "
+                                 f"builds in {diff} ({ {k: have.get(k) for k in diff} } vs { {k: want.get(k) for k in diff} }):"
+                                 f" set them with --head-arg {name}:KEY=VALUE")
+            obj.head.load_state_dict(state)
+            self.init_sources[name] = str(directory)
 
     def drop(self, name: str) -> None:
         """Stop training one objective (e.g. one whose first step failed)."""

@@ -122,3 +122,44 @@ def test_head_convert_writes_int4_that_loads(tmp_path, capsys) -> None:
     DFlashDrafter(load_target("random:tiny-llama"), checkpoint=str(dest))
     with pytest.raises(SystemExit, match="DEST must differ"):
         main(["head-convert", str(src), str(src), "--storage", "int4"])
+
+
+def test_init_heads_starts_a_fresh_run_from_trained_heads(tmp_path, capsys) -> None:
+    """--init-heads: the new run's heads begin as the checkpoints' (fp32, int8-rounded weights), a head of
+    another architecture is refused naming the flag, and a resumed run ignores it."""
+    import torch
+
+    from specbench.drafters.heads.checkpoint import load_head
+    from specbench.models import load_target
+    from specbench.train.cli import build_objectives, init_sources, parse_drafters
+    from specbench.train.sequences import TrainingSequence
+    from specbench.train.trainer import TrainConfig, Trainer
+
+    first = tmp_path / "first"
+    assert main(ARGS + ["--out", str(first), "--steps", "2"]) == 0
+    target = load_target("random:tiny-llama")
+    settings = parse_head_args(["block_size=4", "anchors=3"], ["dflash", "jetspec-tree"])
+    objectives = build_objectives(target, parse_drafters("dflash,jetspec-tree"), settings)
+    seqs = [TrainingSequence(prompt=[1, 2, 3, 4], response=list(range(5, 14))) for _ in range(3)]
+    trainer = Trainer(target, objectives, seqs, TrainConfig(batch_size=3, steps=2), tmp_path / "second")
+    before = {k: v.clone() for k, v in objectives["dflash"].head.state_dict().items()}
+    trainer.init_heads(init_sources(first / "heads", objectives, target))
+    saved, _ = load_head(first / "heads" / "dflash", target, dtype=torch.float32)
+    after = objectives["dflash"].head.state_dict()
+    assert all(torch.equal(after[k], saved[k].to(after[k].dtype)) for k in saved)
+    assert any(not torch.equal(after[k], before[k]) for k in saved)
+    assert trainer.init_sources["jetspec-tree"].endswith("jetspec-tree")
+
+    wide = build_objectives(target, parse_drafters("dflash"), parse_head_args(["block_size=8"], ["dflash"]))
+    other = Trainer(target, wide, seqs, TrainConfig(batch_size=3, steps=2), tmp_path / "third")
+    with pytest.raises(ValueError, match="block_size.*--head-arg dflash:"):
+        other.init_heads(init_sources(first / "heads", wide, target))
+    with pytest.raises(ValueError, match="--init-heads .*no checkpoint for head 'jetspec'"):
+        init_sources(first / "heads", build_objectives(target, ["jetspec"], {"jetspec": {"block_size": 4}}), target)
+
+    run = tmp_path / "run"
+    assert main(ARGS + ["--out", str(run), "--steps", "2", "--init-heads", str(first / "heads")]) == 0
+    assert "heads start from" in capsys.readouterr().err
+    assert main(ARGS + ["--out", str(run), "--steps", "3", "--reschedule", "--init-heads", str(first / "heads")]) == 0
+    err = capsys.readouterr().err
+    assert "resumed at step 2" in err and "heads start from" not in err

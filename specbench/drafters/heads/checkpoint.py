@@ -144,9 +144,10 @@ def save_state(directory: str | Path, state: dict[str, Tensor], config: dict[str
     (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
 
 
-def load_head(directory: str | Path, target: TargetModel) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """(state dict dequantized to the target's dtype, head config). Fails clearly on a missing
-    directory or a head trained for another target."""
+def load_head(directory: str | Path, target: TargetModel,
+              dtype: torch.dtype | None = None) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """(state dict dequantized to `dtype`, default the target's, head config). Fails clearly on a
+    missing directory or a head trained for another target."""
     from safetensors.torch import load_file
 
     d = Path(directory)
@@ -175,7 +176,7 @@ def load_head(directory: str | Path, target: TargetModel) -> tuple[dict[str, Ten
             value = dequantize_int4(t, raw[scale_name], raw[low_name], int(raw[cols_name][0]))
         else:
             value = t.float() * scale if scale is not None else t
-        state[name] = value.to(target.dtype) if value.is_floating_point() else value
+        state[name] = value.to(dtype or target.dtype) if value.is_floating_point() else value
     return state, meta["head"]
 
 
