@@ -9,7 +9,8 @@ begin/draft/observe on the greedy reference).
 Settings: JjRr (anchor replacement on), JjRrn (off), optionally :stale or :true (the state source
 the refresh's decoder reads; default the adapter's predictions). A head without an adapter (a plain
 jetspec head) runs only R = 0 and the stale/true settings. One JSONL row per (prompt, head, setting,
-tree, budget), appended as each prompt finishes: rerun the same command to resume.
+tree, budget), appended as each prompt finishes: rerun the same command to resume. `--parallel N` runs N
+shard processes (on a GPU: `--device cuda --parallel 14`) and merges their rows into OUT.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tau_table import read_rows, run_parallel  # noqa: E402
+
+ROW_KEY = ("dataset", "id", "head", "setting", "tree", "budget")
 DATASETS = ("gsm8k", "math500", "mbpp", "humaneval", "mt_bench")
 SETTING = re.compile(r"^J(\d+)R(\d+)(n?)(?::(predicted|stale|true))?$")
 
@@ -43,17 +48,6 @@ def prompts(target, args: argparse.Namespace) -> list[tuple[str, str, list[int]]
     for i in range(max(len(v) for v in per.values())):  # round-robin: a partial run covers every dataset
         out += [v[i] for v in per.values() if i < len(v)]
     return out
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The JSONL rows so far; a last line cut by an interrupted run is dropped (it is redone)."""
-    rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def print_table(rows: list[dict]) -> None:
@@ -90,9 +84,15 @@ def main() -> int:
     p.add_argument("--reverse", action="store_true",
                    help="take the prompts from the last: a second process (its own --out) fills from the other end; "
                         "concatenate the two files to merge them (a rerun on the merged file skips what either did)")
+    p.add_argument("--shard", default="0/1", help="K/N: only prompts K, K+N, K+2N, ... (of the round-robin order)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="run N shards as N processes (OUT.shardK.jsonl each, merged into OUT at the end): on a GPU "
+                        "the replay's per-round Python work is the bottleneck, so N processes share one GPU well")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args()
     out = Path(args.out)
+    if args.parallel > 1 and not args.table_only:
+        return run_parallel(args, out, script=__file__, key=ROW_KEY, show=print_table)
     rows = read_rows(out)
     if args.table_only:
         print_table(rows)
@@ -126,9 +126,10 @@ def main() -> int:
             drafters[(name, s)] = JetSpecPPDrafter(target, head=head, adapter=adapter, **cfg)
     policies = {t: TREE_POLICIES.build(t) for t, _ in trees}
     taps = sorted({t for d in drafters.values() for t in d.taps})
-    done = {(r["dataset"], r["id"], r["head"], r["setting"], r["tree"], r["budget"]) for r in rows}
-    todo = [x for x in prompts(target, args)
-            if any((x[0], x[1], h, s, t, b) not in done for (h, s) in drafters for t, b in trees)]
+    done = {tuple(r[k] for k in ROW_KEY) for r in rows}
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    todo = [x for i, x in enumerate(prompts(target, args))
+            if i % shards == shard and any((x[0], x[1], h, s, t, b) not in done for (h, s) in drafters for t, b in trees)]
     if args.reverse:
         todo.reverse()
     print(f"jetspecpp_tau: {len(todo)} prompts, {len(drafters) * len(trees)} configurations each", file=sys.stderr)

@@ -30,6 +30,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 
@@ -137,15 +138,27 @@ def print_table(rows: list[dict]) -> None:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of a JSONL file (gzip-compressed if it ends in .gz), [] if there is none."""
+    """The rows of a JSONL file (gzip-compressed if it ends in .gz), [] if there is none; a last line cut by
+    an interrupted run is dropped (it is redone)."""
     if not path.is_file():
         return []
     text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
 
 
-def run_parallel(args: argparse.Namespace, out: Path) -> int:
-    """N shard processes; their rows (and any earlier rows in OUT) are merged into OUT, without duplicates."""
+ROW_KEY = ("dataset", "id", "drafter", "tree", "budget")
+
+
+def run_parallel(args: argparse.Namespace, out: Path, script: str = __file__, key: Sequence[str] = ROW_KEY,
+                 show: Callable[[list[dict]], None] | None = None) -> int:
+    """N shard processes of `script` (this one, or another with the same --out/--shard/--parallel flags); their
+    rows (and any earlier rows in OUT) are merged into OUT by `key`, without duplicates."""
     import subprocess
 
     argv = [a for a in sys.argv[1:]]
@@ -169,17 +182,17 @@ def run_parallel(args: argparse.Namespace, out: Path) -> int:
             for r in seed_rows:
                 if json.dumps(r, sort_keys=True) not in known:
                     f.write(json.dumps(r) + "\n")
-    procs = [subprocess.Popen([sys.executable, __file__, *base, "--out", str(path), "--shard", f"{k}/{args.parallel}"])
+    procs = [subprocess.Popen([sys.executable, script, *base, "--out", str(path), "--shard", f"{k}/{args.parallel}"])
              for k, path in enumerate(shards)]
     codes = [proc.wait() for proc in procs]
     merged: dict[tuple, dict] = {}
     for path in [out, *shards]:
         for r in read_rows(path):
-            merged[(r["dataset"], r["id"], r["drafter"], r["tree"], r["budget"])] = r
+            merged[tuple(r[k] for k in key)] = r
     tmp = out.with_suffix(".partial")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in merged.values()))
     tmp.replace(out)
-    print_table(list(merged.values()))
+    (show or print_table)(list(merged.values()))
     return max(codes)
 
 

@@ -7,6 +7,11 @@ ddtree, eagle3 under eagle2), then one table per dataset and a plot: does more d
     python scripts/tau_vs_tokens.py --run RUN --out RUN/tau_tokens.jsonl --table-only --plot tau_tokens.png
 
 Heads are labelled <head>@<tokens> (the snapshot's milestone; the final heads get the run's token count).
+Tables made separately (e.g. by tau_table.py for heads of different runs or sessions) join the same way,
+on the prompts every table has (paired):
+
+    python scripts/tau_vs_tokens.py --tables 0.41M=A.jsonl.gz,4.95M=B.jsonl.gz,9.84M=C.jsonl --plot tau_tokens.png
+
 Options after the known ones go to tau_table.py as they are (e.g. --device cuda --parallel 8 --minutes 8
 --ref-batch 4); the rows file resumes like tau_table's.
 """
@@ -23,6 +28,7 @@ SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
 from tau_table import read_rows  # noqa: E402
 
+from specbench.train.curves import save_palette_png  # noqa: E402
 from specbench.train.trainer import tokens_label  # noqa: E402
 
 
@@ -50,6 +56,26 @@ def heads_arg(points: list[tuple[str, int, Path]], heads: list[str] | None) -> s
     return ",".join(items)
 
 
+def joined_tables(spec: str) -> tuple[list[dict], list[tuple[str, int, Path]]]:
+    """--tables TOKENS=FILE,...: each file's head rows relabelled <head>@<tokens>, kept only on the (dataset,
+    item) pairs present in every file, so the columns compare the same prompts; heads without weights
+    (ngram, self) are left out, being the same at any token count."""
+    from specbench.train.cli import parse_token_count
+
+    tables = []
+    for item in spec.split(","):
+        label, sep, path = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--tables takes TOKENS=FILE items (e.g. 2M=tau.jsonl), got {item!r}")
+        tables.append((label.strip(), parse_token_count(label.strip()), read_rows(Path(path))))
+    tables.sort(key=lambda t: t[1])
+    common = set.intersection(*({(r["dataset"], str(r["id"])) for r in rows} for _, _, rows in tables))
+    out = {(label, r["dataset"], str(r["id"]), r["drafter"], r["tree"], r["budget"]): {**r, "drafter": f"{r['drafter']}@{label}"}
+           for label, _, rows in tables for r in rows
+           if (r["dataset"], str(r["id"])) in common and r["drafter"] not in ("ngram", "self")}  # a row once
+    return list(out.values()), [(label, seen, Path(".")) for label, seen, _ in tables]
+
+
 def table(rows: list[dict], points: list[tuple[str, int, Path]]) -> str:
     import pandas as pd
 
@@ -70,7 +96,8 @@ def table(rows: list[dict], points: list[tuple[str, int, Path]]) -> str:
     return "\n\n".join(parts)
 
 
-def plot(rows: list[dict], points: list[tuple[str, int, Path]], path: Path) -> None:
+def plot(rows: list[dict], points: list[tuple[str, int, Path]], path: Path, dpi: int = 80,
+         only_budgets: list[int] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,7 +108,7 @@ def plot(rows: list[dict], points: list[tuple[str, int, Path]], path: Path) -> N
     df[["head", "tokens"]] = df["drafter"].str.rsplit("@", n=1, expand=True)
     x_of = {label: seen for label, seen, _ in points}
     datasets = sorted(df["dataset"].unique())
-    budgets = sorted(df["budget"].unique())
+    budgets = [b for b in sorted(df["budget"].unique()) if not only_budgets or b in only_budgets]
     fig, axes = plt.subplots(len(datasets), len(budgets), figsize=(4.2 * len(budgets), 3.4 * len(datasets)),
                              squeeze=False, sharey="row")
     for i, ds in enumerate(datasets):
@@ -99,14 +126,17 @@ def plot(rows: list[dict], points: list[tuple[str, int, Path]], path: Path) -> N
         axes[i][0].set_ylabel("tau (exact replay, T = 0)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
+    save_palette_png(path)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, help="a `specbench train --out` directory with snapshots/")
-    p.add_argument("--out", required=True, help="rows (JSONL, resumable)")
+    p.add_argument("--run", help="a `specbench train --out` directory with snapshots/")
+    p.add_argument("--out", help="rows (JSONL, resumable)")
+    p.add_argument("--tables", default=None, metavar="TOKENS=FILE,...",
+                   help="instead of --run: tau tables of heads at these training-token counts, joined on common prompts")
     p.add_argument("--data", default=None)
     p.add_argument("--datasets", default="gsm8k,math500")
     p.add_argument("--n", type=int, default=50, help="items per dataset")
@@ -116,7 +146,17 @@ def main() -> int:
     p.add_argument("--no-final", action="store_true", help="leave out the run's final heads")
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--plot", default=None, help="write the curves to this PNG")
+    p.add_argument("--plot-budgets", default=None, help="only these budgets in the plot, e.g. 64")
     args, passthrough = p.parse_known_args()
+    budgets = [int(b) for b in args.plot_budgets.split(",")] if args.plot_budgets else None
+    if args.tables:
+        rows, points = joined_tables(args.tables)
+        print(table(rows, points))
+        if args.plot and rows:
+            plot(rows, points, Path(args.plot), only_budgets=budgets)
+        return 0
+    if not args.run or not args.out:
+        p.error("give --run RUN --out FILE (or --tables)")
     run, out = Path(args.run), Path(args.out)
     points = checkpoints(run, include_final=not args.no_final)
     code = 0
@@ -129,7 +169,7 @@ def main() -> int:
     rows = read_rows(out)
     print(table(rows, points))
     if args.plot and rows:
-        plot(rows, points, Path(args.plot))
+        plot(rows, points, Path(args.plot), only_budgets=budgets)
         print(f"tau_vs_tokens: {args.plot}", file=sys.stderr)
     return code
 

@@ -399,7 +399,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     items = summarize(read_log(args.run), flat_frac=args.flat_frac, flat_tol=args.flat_tol)
     print(json.dumps(items, indent=2) if args.json else format_summary(items))
     if not args.no_plot:
-        for path in plot_run(args.run, args.plots):
+        for path in plot_run(args.run, args.plots, compact=args.compact):
             print(f"specbench train-report: {path}", file=sys.stderr)
     return 0
 
@@ -476,6 +476,7 @@ def register(subparsers: Any) -> None:
     r = subparsers.add_parser("train-report", help="a training run's curves: summary and a PNG per head")
     r.add_argument("run", help="a `specbench train --out` directory")
     r.add_argument("--plots", default=None, help="where the PNGs go (default RUN/plots)")
+    r.add_argument("--compact", action="store_true", help="small PNGs (70 dpi, 48-colour palette) for copies kept in git")
     r.add_argument("--flat-frac", type=float, default=1 / 3, help="judge flatness over this last fraction of tokens")
     r.add_argument("--flat-tol", type=float, default=0.01, help="flat = validation loss fell by less than this fraction")
     r.add_argument("--json", action="store_true")

@@ -91,6 +91,13 @@ def test_corpus_then_training_at_scale(tmp_path, capsys) -> None:
     assert main(["train-report", str(run), "--json", "--no-plot"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["head"] for r in report] == ["dflash", "dflash-num_layers2"] and all("val_tau4" in r for r in report)
+    assert main(["train-report", str(run), "--plots", str(tmp_path / "small"), "--compact"]) == 0
+    from PIL import Image
+
+    for label in ("dflash", "dflash-num_layers2"):
+        small, full = tmp_path / "small" / f"{label}.png", run / "plots" / f"{label}.png"
+        with Image.open(small) as im:
+            assert im.mode == "P" and small.stat().st_size < full.stat().st_size / 2
     moved = tmp_path / "moved"
     assert main(["train-pack", str(run), str(moved)]) == 0
     more = [a if a != str(run) else str(moved) for a in train]

@@ -1,0 +1,42 @@
+"""scripts/jetspecpp_tau.py --parallel: shard processes merged into one file hold exactly the rows of one
+uninterrupted run, each once (the shipped jetspec++ head on the default target, a few tokens)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "jetspecpp_tau.py"
+HEAD = Path(__file__).resolve().parents[2] / "specbench" / "heads" / "jetspec++-smollm2-135m"
+
+
+def run_script(data: Path, out: Path, *extra: str) -> None:
+    cmd = [sys.executable, str(SCRIPT), "--data", str(data), "--out", str(out), "--datasets", "gsm8k", "--n", "3",
+           "--head", f"jetspec++={HEAD}", "--settings", "J0R0,J1R1", "--trees", "chain:4", "--max-new-tokens", "6",
+           "--threads", "1", *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_parallel_shards_equal_one_run(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    questions = ["What is 2 + 3?", "Name a colour.", "Count to five."]
+    (data / "gsm8k_test.jsonl").write_text("".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n"
+                                                   for q in questions))
+    whole, merged = tmp_path / "whole.jsonl", tmp_path / "merged.jsonl"
+    run_script(data, whole)
+    run_script(data, merged, "--n", "1")  # item 0 first: the shards resume from it
+    run_script(data, merged, "--parallel", "2")
+    key = ("id", "head", "setting", "tree", "budget")
+    a = {tuple(r[k] for k in key): r for r in map(json.loads, whole.read_text().splitlines())}
+    rows = [json.loads(line) for line in merged.read_text().splitlines()]
+    b = {tuple(r[k] for k in key): r for r in rows}
+    assert len(b) == len(rows) == len(a) == 3 * 2, "duplicate or missing rows"
+    for k in a:
+        assert (a[k]["tau"], a[k]["new_tokens"]) == (b[k]["tau"], b[k]["new_tokens"]), k
