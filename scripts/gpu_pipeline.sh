@@ -13,8 +13,11 @@
 #            TRAIN_EXTRA="--init-heads specbench/heads" trains the shipped heads on (a run whose state is gone)
 #   resume   the same for the run staged in $RUN (scripts/gpu_train_session.sh stage-in), rescheduled at
 #            RATE steps/s (measured by the run that made it) to end by TRAIN_END_S
-#   tau      tau by exact replay of $RUN/heads (scripts/tau_table.py: TAU_N items of GSM8K and MATH-500,
-#            budgets 16/64/256) until TAU_END_S
+#   tau      tau by exact replay of $RUN/heads (TAU_HEADS_DIR: other heads, "shipped": the shipped ones;
+#            scripts/tau_table.py: TAU_N items of TAU_DATASETS, default GSM8K and MATH-500, budgets 16/64/256;
+#            TAU_ROWS: a table (.jsonl[.gz]) to resume) until TAU_END_S
+#   jpptau   jetspec++'s refinement grid (scripts/jetspecpp_tau.py, --parallel TAU_PARALLEL: JPP_SETTINGS x chain:16,
+#            ddtree:64, JPP_N items of the five benchmarks; JPP_ROWS: a grid to resume) until JPP_END_S
 #   ablate   a fresh run of ABL_HEADS with one more head per value of ABL_GRID (from scratch, so the heads
 #            compare at equal tokens) until ABL_TRAIN_END_S, then scripts/ablation_table.py until ABL_END_S;
 #            ABL_ARGS adds train flags, e.g. labelled heads of one objective with their own losses:
@@ -115,13 +118,31 @@ phase_resume() {
 }
 
 phase_tau() {
-  local T=$P/tau; mkdir -p $T
-  log "tau by replay, heads of $RUN"
-  timeout $(left ${TAU_END_S:-600}) python3 scripts/tau_table.py --device $DEVICE --data $SPECBENCH_DATA --heads-dir $RUN/heads \
-    --datasets gsm8k,math500 --n ${TAU_N:-20} --budgets 16,64,256 --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
+  local T=$P/tau heads="--heads-dir ${TAU_HEADS_DIR:-$RUN/heads}"; mkdir -p $T
+  [ "${TAU_HEADS_DIR:-}" = shipped ] && heads=""
+  [ -n "${TAU_ROWS:-}" ] && zcat -f "$TAU_ROWS" > $T/tau.jsonl  # resume a table kept in the repository
+  log "tau by replay: ${TAU_DATASETS:-gsm8k,math500}, ${heads:-the shipped heads}"
+  timeout $(left ${TAU_END_S:-600}) python3 scripts/tau_table.py --device $DEVICE --data $SPECBENCH_DATA $heads \
+    --datasets ${TAU_DATASETS:-gsm8k,math500} --n ${TAU_N:-20} --budgets 16,64,256 --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
     --minutes $(python3 -c "print(max(0.5, ($(left ${TAU_END_S:-600}) - 30) / 60))") --out $T/tau.jsonl > $T/tau.txt 2>&1
   python3 scripts/tau_table.py --out $T/tau.jsonl --table-only > $T/table.txt 2>&1; cat $T/table.txt
+  rm -f $T/tau.shard*.jsonl; gzip -f $T/tau.jsonl
   bundle pack tau tau --spool $SPOOL --base $P
+}
+
+phase_jpptau() {
+  local J=$P/jpptau; mkdir -p $J
+  [ -n "${JPP_ROWS:-}" ] && zcat -f "$JPP_ROWS" > $J/rows.jsonl  # resume a grid kept in the repository
+  log "jetspec++ refinement grid by replay: ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true}, n ${JPP_N:-50}"
+  timeout $(left ${JPP_END_S:-600}) python3 scripts/jetspecpp_tau.py --device $DEVICE --data $SPECBENCH_DATA \
+    --head jetspec++=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} --head jetspec=specbench/heads/jetspec-smollm2-135m \
+    --settings ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true} --trees ${JPP_TREES:-chain:16,ddtree:64} \
+    --datasets ${JPP_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${JPP_N:-50} --max-new-tokens ${JPP_TOKENS:-128} \
+    --parallel ${TAU_PARALLEL:-14} --threads 1 \
+    --minutes $(python3 -c "print(max(0.5, ($(left ${JPP_END_S:-600}) - 60) / 60))") --out $J/rows.jsonl > $J/jpptau.txt 2>&1
+  grep -v "^jetspecpp_tau: [0-9]" $J/jpptau.txt | tail -40
+  rm -f $J/rows.shard*.jsonl; gzip -f $J/rows.jsonl
+  bundle pack jpptau jpptau --spool $SPOOL --base $P
 }
 
 phase_ablate() {
