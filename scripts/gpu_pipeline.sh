@@ -72,6 +72,11 @@ train_scheduled() {
   tail -12 $P/train_decay.txt
 }
 
+merge_shards() {  # OUT MODULE: fold the shard files of MODULE's --parallel replay into OUT (tau_table.merge_shards)
+  python3 -c "import sys; sys.path.insert(0, 'scripts'); import tau_table, $2; from pathlib import Path
+print(len(tau_table.merge_shards(Path('$1'), $2.ROW_KEY)), 'rows in $1')" 2>&1 | sed 's/^/merge: /'
+}
+
 probe_rate() {  # steps/s over the second half of a run's logged steps (past compile and warm-up)
   python3 - "$1" <<'EOF'
 import json, sys
@@ -125,8 +130,9 @@ phase_tau() {
   timeout $(left ${TAU_END_S:-600}) python3 scripts/tau_table.py --device $DEVICE --data $SPECBENCH_DATA $heads \
     --datasets ${TAU_DATASETS:-gsm8k,math500} --n ${TAU_N:-20} --budgets 16,64,256 --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
     --minutes $(python3 -c "print(max(0.5, ($(left ${TAU_END_S:-600}) - 30) / 60))") --out $T/tau.jsonl > $T/tau.txt 2>&1
+  merge_shards $T/tau.jsonl tau_table && rm -f $T/tau.shard*.jsonl  # a timeout may cut the merge of the shards
   python3 scripts/tau_table.py --out $T/tau.jsonl --table-only > $T/table.txt 2>&1; cat $T/table.txt
-  rm -f $T/tau.shard*.jsonl; gzip -f $T/tau.jsonl
+  gzip -f $T/tau.jsonl
   bundle pack tau tau --spool $SPOOL --base $P
 }
 
@@ -141,7 +147,9 @@ phase_jpptau() {
     --parallel ${TAU_PARALLEL:-14} --threads 1 \
     --minutes $(python3 -c "print(max(0.5, ($(left ${JPP_END_S:-600}) - 60) / 60))") --out $J/rows.jsonl > $J/jpptau.txt 2>&1
   grep -v "^jetspecpp_tau: [0-9]" $J/jpptau.txt | tail -40
-  rm -f $J/rows.shard*.jsonl; gzip -f $J/rows.jsonl
+  merge_shards $J/rows.jsonl jetspecpp_tau && rm -f $J/rows.shard*.jsonl
+  python3 scripts/jetspecpp_tau.py --out $J/rows.jsonl --head x=y --table-only | tail -40
+  gzip -f $J/rows.jsonl
   bundle pack jpptau jpptau --spool $SPOOL --base $P
 }
 

@@ -143,12 +143,14 @@ def read_rows(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
     rows = []
-    for line in text.splitlines():
+    for i, line in enumerate(lines):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
-            continue
+            if i < len(lines) - 1:  # only the last line can be cut by an interrupt; anything else is damage
+                raise
     return rows
 
 
@@ -185,15 +187,21 @@ def run_parallel(args: argparse.Namespace, out: Path, script: str = __file__, ke
     procs = [subprocess.Popen([sys.executable, script, *base, "--out", str(path), "--shard", f"{k}/{args.parallel}"])
              for k, path in enumerate(shards)]
     codes = [proc.wait() for proc in procs]
+    (show or print_table)(merge_shards(out, key))
+    return max(codes)
+
+
+def merge_shards(out: Path, key: Sequence[str] = ROW_KEY) -> list[dict]:
+    """OUT's rows and those of its shard files (OUT.shardK.jsonl, as `run_parallel` writes them, also after
+    a cut run), merged into OUT by `key` without duplicates (written atomically); the shard files stay."""
     merged: dict[tuple, dict] = {}
-    for path in [out, *shards]:
+    for path in [out, *sorted(out.parent.glob(out.stem + ".shard*.jsonl"))]:
         for r in read_rows(path):
             merged[tuple(r[k] for k in key)] = r
     tmp = out.with_suffix(".partial")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in merged.values()))
     tmp.replace(out)
-    (show or print_table)(list(merged.values()))
-    return max(codes)
+    return list(merged.values())
 
 
 def main() -> int:

@@ -42,3 +42,26 @@ def test_pieces_from_both_ends_equal_one_run(tmp_path: Path) -> None:
     assert a.keys() == b.keys() and len(a) == 4 * 2  # ngram/ddtree/4 and self/chain/2 per item
     for key in a:
         assert (a[key]["tau"], a[key]["new_tokens"]) == (b[key]["tau"], b[key]["new_tokens"]), key
+
+
+def test_shards_of_a_cut_run_merge_once_and_damage_fails(tmp_path: Path) -> None:
+    """A --parallel run cut before its merge leaves OUT.shardK.jsonl files: merge_shards folds them into OUT,
+    each row once (the last of equal keys), and a cut last line is dropped; a damaged inner line raises."""
+    import pytest
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    from tau_table import merge_shards, read_rows
+
+    def row(i: str, tau: float) -> str:
+        return json.dumps({"dataset": "gsm8k", "id": i, "drafter": "ngram", "tree": "ddtree", "budget": 4, "tau": tau})
+
+    out = tmp_path / "tau.jsonl"
+    out.write_text(row("0", 1.0) + "\n")
+    (tmp_path / "tau.shard0.jsonl").write_text(row("0", 1.0) + "\n" + row("2", 2.0) + "\n")
+    (tmp_path / "tau.shard1.jsonl").write_text(row("1", 3.0) + "\n" + '{"dataset": "gsm8k", "id": "3", "dra')
+    merged = merge_shards(out)
+    assert sorted((r["id"], r["tau"]) for r in merged) == [("0", 1.0), ("1", 3.0), ("2", 2.0)]
+    assert sorted(r["id"] for r in read_rows(out)) == ["0", "1", "2"]
+    (tmp_path / "bad.jsonl").write_text(row("0", 1.0) + "\n{not json\n" + row("1", 1.0) + "\n")
+    with pytest.raises(json.JSONDecodeError):
+        read_rows(tmp_path / "bad.jsonl")
