@@ -16,14 +16,16 @@
 #   tau      tau by exact replay of $RUN/heads (TAU_HEADS_DIR: other heads, "shipped": the shipped ones;
 #            scripts/tau_table.py: TAU_N items of TAU_DATASETS, default GSM8K and MATH-500, budgets 16/64/256;
 #            TAU_ROWS: a table (.jsonl[.gz]) to resume) until TAU_END_S
-#   jpptau   jetspec++'s refinement grid (scripts/jetspecpp_tau.py, --parallel TAU_PARALLEL: JPP_SETTINGS x chain:16,
+#   jpptau   jetspec++'s refinement grid (scripts/jetspecpp_tau.py, --parallel JPP_PARALLEL or TAU_PARALLEL: JPP_SETTINGS x chain:16,
 #            ddtree:64, JPP_N items of the five benchmarks; JPP_ROWS: a grid to resume) until JPP_END_S
 #   ablate   a fresh run of ABL_HEADS with one more head per value of ABL_GRID (from scratch, so the heads
 #            compare at equal tokens) until ABL_TRAIN_END_S, then scripts/ablation_table.py until ABL_END_S;
 #            ABL_ARGS adds train flags, e.g. labelled heads of one objective with their own losses:
 #            ABL_HEADS=jetspec,sft=jetspec,rkl=jetspec ABL_GRID=" " ABL_ARGS='--head-arg sft:losses={"ce":1}
 #            --head-arg rkl:losses={"rkl":1}' (Table 14; JSON, no spaces: the words are split), or
-#            --head-arg noised:p_mask_only=1 (Table 13)
+#            --head-arg noised:p_mask_only=1 (Table 13); ABL_TABLE=jpp replays every head of the run through
+#            scripts/jetspecpp_tau.py instead (ABL_JPP_SETTINGS, default J0R0,J1R0,J1R1; ABL_DATASETS; ABL_N), e.g.
+#            jetspec++ variants fill=mask, p_mask_only=1, attention=bidirectional (Tables 4 and 15)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
 #            Qwen3-8B shapes; BENCH_ARGS e.g. --profile: the AR step's kernel table), then scripts/bench_norm_linear.py
 #            (NL_BENCH=0: not); the faster level on SmolLM2's AR
@@ -42,6 +44,8 @@
 #   eval     the new heads installed as the shipped ones, then: foresight GPU tests, recorded rounds and
 #            calibration (foresight_hits), Table 3 (foresight_table) at chain:16 and ddtree:64, the
 #            per-stage round table of every drafter, each cut by its own timeout (PIPE_END_S)
+# A phase written "name&" (e.g. PHASES="jpptau& corpus ablate") runs in the background beside the phases after it:
+# replay processes are launch-bound and leave the GPU idle between their small kernels, which training fills.
 # Results go back as bundles (scripts/bundle.py) in the order they are made.
 set -uo pipefail
 ROOT=${ROOT:-/root}
@@ -67,7 +71,9 @@ train_scheduled() {
   python3 -m specbench.cli train $common --drafter $heads --out $run --steps $total --reschedule --until-step $decay_at $sched_extra \
     > $P/train_stable.txt 2>&1
   tail -8 $P/train_stable.txt
-  rm -rf $ROOT/pack && python3 -m specbench.cli train-pack "$run" $ROOT/pack/run > $P/pack.txt 2>&1; cat $P/pack.txt
+  if [ "${PACK:-1}" = 1 ]; then  # PACK=0: a run no later session resumes (an ablation) is not packed
+    rm -rf $ROOT/pack && python3 -m specbench.cli train-pack "$run" $ROOT/pack/run > $P/pack.txt 2>&1; cat $P/pack.txt
+  fi
   python3 -m specbench.cli train $common --drafter $heads --out $run --steps $total $sched_extra > $P/train_decay.txt 2>&1
   tail -12 $P/train_decay.txt
 }
@@ -144,7 +150,7 @@ phase_jpptau() {
     --head jetspec++=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} --head jetspec=specbench/heads/jetspec-smollm2-135m \
     --settings ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true} --trees ${JPP_TREES:-chain:16,ddtree:64} \
     --datasets ${JPP_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${JPP_N:-50} --max-new-tokens ${JPP_TOKENS:-128} \
-    --parallel ${TAU_PARALLEL:-14} --threads 1 \
+    --parallel ${JPP_PARALLEL:-${TAU_PARALLEL:-14}} --threads 1 \
     --minutes $(python3 -c "print(max(0.5, ($(left ${JPP_END_S:-600}) - 60) / 60))") --out $J/rows.jsonl > $J/jpptau.txt 2>&1
   grep -v "^jetspecpp_tau: [0-9]" $J/jpptau.txt | tail -40
   merge_shards $J/rows.jsonl jetspecpp_tau && rm -f $J/rows.shard*.jsonl
@@ -162,13 +168,28 @@ phase_ablate() {
   tail -4 $A/probe.txt
   heads="${ABL_HEADS:-dflash} $grid" sched_extra="${ABL_ARGS:-}" train_scheduled $RA ${ABL_TRAIN_END_S:-780} ${PROBE_STEPS:-40} $(probe_rate $RA)
   python3 -m specbench.cli train-report "$RA" --plots $A/plots > $A/train_report.txt 2>&1; cat $A/train_report.txt
-  log "ablation table"
-  timeout $(left ${ABL_END_S:-900}) python3 scripts/ablation_table.py --run $RA --data $SPECBENCH_DATA --out $A/table \
-    --n ${ABL_N:-20} --budgets ${ABL_BUDGETS:-16,64} --device $DEVICE --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
-    --minutes $(python3 -c "print(max(0.5, ($(left ${ABL_END_S:-900}) - 90) / 60))") > $A/ablation.txt 2>&1
-  tail -40 $A/ablation.txt
+  if [ "${ABL_TABLE:-ablation}" = jpp ]; then  # every head of the run through jetspec++'s grid (Tables 4, 13-15)
+    local hs="" h
+    for h in $(ls $RA/heads); do hs="$hs --head $h=$RA/heads/$h"; done
+    log "ablation grid (jetspecpp_tau):$hs"
+    timeout $(left ${ABL_END_S:-900}) python3 scripts/jetspecpp_tau.py --device $DEVICE --data $SPECBENCH_DATA $hs \
+      --settings ${ABL_JPP_SETTINGS:-J0R0,J1R0,J1R1} --trees ${JPP_TREES:-chain:16,ddtree:64} \
+      --datasets ${ABL_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${ABL_N:-20} --max-new-tokens ${JPP_TOKENS:-128} \
+      --parallel ${ABL_PARALLEL:-${TAU_PARALLEL:-14}} --threads 1 --out $A/grid.jsonl \
+      --minutes $(python3 -c "print(max(0.5, ($(left ${ABL_END_S:-900}) - 60) / 60))") > $A/grid.txt 2>&1
+    grep -v "^jetspecpp_tau: [0-9]" $A/grid.txt | tail -60
+    merge_shards $A/grid.jsonl jetspecpp_tau && rm -f $A/grid.shard*.jsonl
+    gzip -f $A/grid.jsonl
+  else
+    log "ablation table"
+    timeout $(left ${ABL_END_S:-900}) python3 scripts/ablation_table.py --run $RA --data $SPECBENCH_DATA --out $A/table \
+      --n ${ABL_N:-20} --budgets ${ABL_BUDGETS:-16,64} --device $DEVICE --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
+      --minutes $(python3 -c "print(max(0.5, ($(left ${ABL_END_S:-900}) - 90) / 60))") > $A/ablation.txt 2>&1
+    tail -40 $A/ablation.txt
+  fi
   gzip -c $RA/train_log.jsonl > $A/train_log.jsonl.gz
   bundle pack ablation ablation --spool $SPOOL --base $P
+  bundle pack ablation-heads heads --spool $SPOOL --base $RA --chunk-mib 14  # collected only if wanted (large)
 }
 
 phase_kernels() {
@@ -299,10 +320,11 @@ run_pipeline() {
   common="--device $DEVICE --corpus $ROOT/corpus --schedule wsd --batch-size ${BATCH:-16} --max-len ${MAX_LEN:-640} \
     --val-every ${VAL_EVERY:-250} --val-tau-every 0 --save-every 100000 --quiet ${TRAIN_EXTRA:-}"
   local phase
-  for phase in ${PHASES:-corpus train eval}; do
-    declare -F phase_$phase > /dev/null || { log "unknown phase $phase"; continue; }
-    phase_$phase
+  for phase in ${PHASES:-corpus train eval}; do  # "name&": that phase runs beside the ones after it
+    declare -F phase_${phase%&} > /dev/null || { log "unknown phase $phase"; continue; }
+    if [ "${phase%&}" != "$phase" ]; then phase_${phase%&} & else phase_$phase; fi
   done
+  wait  # the phases run beside the others
   [ -d $ROOT/pack/run ] && bundle pack run run --spool $SPOOL --base $ROOT/pack --chunk-mib 14
   log "pipeline done"
   touch $P/done
