@@ -46,6 +46,8 @@
 #            per-stage round table of every drafter, each cut by its own timeout (PIPE_END_S)
 # A phase written "name&" (e.g. PHASES="jpptau& corpus ablate") runs in the background beside the phases after it:
 # replay processes are launch-bound and leave the GPU idle between their small kernels, which training fills.
+# Each slows the other (measured: corpus generation 37k -> 17k tok/s, training about half its rate), and a training
+# probe measured while a background phase is still starting up overestimates the rate: leave its deadline slack.
 # Results go back as bundles (scripts/bundle.py) in the order they are made.
 set -uo pipefail
 ROOT=${ROOT:-/root}

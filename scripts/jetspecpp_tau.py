@@ -9,7 +9,8 @@ begin/draft/observe on the greedy reference).
 Settings: JjRr (anchor replacement on), JjRrn (off), optionally :stale or :true (the state source
 the refresh's decoder reads; default the adapter's predictions). A head without an adapter (a plain
 jetspec head) runs only R = 0 and the stale/true settings. One JSONL row per (prompt, head, setting,
-tree, budget), appended as each prompt finishes: rerun the same command to resume. `--parallel N` runs N
+tree, budget), appended and flushed as each is replayed (--minutes stops between configurations): rerun the
+same command to resume. `--parallel N` runs N
 shard processes (on a GPU: `--device cuda --parallel 14`) and merges their rows into OUT.
 """
 
@@ -66,6 +67,30 @@ def print_table(rows: list[dict]) -> None:
     print("\nprompts per cell:", int(counts.min().min()), "to", int(counts.max().max()))
 
 
+def paired(rows: list[dict], spec: str) -> list[dict]:
+    """'HEAD SETTING - HEAD SETTING' -> per tree/budget: the mean over the prompts both configurations
+    have of tau(A) - tau(B), its standard error and n (paired: each prompt is its own control)."""
+    import math
+
+    parts = [x.split() for x in spec.split(" - ")]
+    if len(parts) != 2 or any(len(x) != 2 for x in parts):
+        raise SystemExit(f"--compare: {spec!r} is not 'HEAD SETTING - HEAD SETTING' (e.g. 'jetspec J1R0 - jetspec J0R0')")
+    (ha, sa), (hb, sb) = parts
+    tau: dict[tuple, float] = {(r["head"], r["setting"], r["tree"], r["budget"], r["dataset"], r["id"]): r["tau"] for r in rows}
+    out = []
+    for tree, budget in sorted({(r["tree"], r["budget"]) for r in rows}):
+        diffs = [tau[(ha, sa, tree, budget, ds, i)] - tau[(hb, sb, tree, budget, ds, i)]
+                 for (h, st, t, b, ds, i) in tau
+                 if (h, st, t, b) == (ha, sa, tree, budget) and (hb, sb, tree, budget, ds, i) in tau]
+        if not diffs:
+            continue
+        n = len(diffs)
+        mean = sum(diffs) / n
+        se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
+        out.append({"compare": spec, "tree": f"{tree}/{budget}", "mean": mean, "se": se, "n": n})
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=None, help="benchmark data directory (default $SPECBENCH_DATA)")
@@ -89,6 +114,9 @@ def main() -> int:
                    help="run N shards as N processes (OUT.shardK.jsonl each, merged into OUT at the end): on a GPU "
                         "the replay's per-round Python work is the bottleneck, so N processes share one GPU well")
     p.add_argument("--table-only", action="store_true")
+    p.add_argument("--compare", action="append", default=[], metavar="'HEAD SETTING - HEAD SETTING'",
+                   help="with --table-only: the paired difference of two configurations over the prompts both have "
+                        "(mean +- standard error), per tree; repeatable")
     args = p.parse_args()
     out = Path(args.out)
     if args.parallel > 1 and not args.table_only:
@@ -96,6 +124,9 @@ def main() -> int:
     rows = read_rows(out)
     if args.table_only:
         print_table(rows)
+        for spec in args.compare:
+            for d in paired(rows, spec):
+                print(f"{d['compare']:<45} {d['tree']:<11} {d['mean']:+.3f} +- {d['se']:.3f}  (n {d['n']})")
         return 0
 
     from specbench.bench.replay import build_references, replay
@@ -136,15 +167,17 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(out, "a") as f:
+        def out_of_time() -> bool:
+            return args.minutes is not None and time.monotonic() - start > 60 * args.minutes
+
         for k, (ds, pid, ids) in enumerate(todo):
-            if args.minutes is not None and time.monotonic() - start > 60 * args.minutes:
-                print(f"jetspecpp_tau: stopping at the {args.minutes} min budget", file=sys.stderr)
+            if out_of_time():
                 break
             ref = build_references(target, [ids], args.max_new_tokens, taps)[0]
             for (h, s), drafter in drafters.items():
                 for tree, budget in trees:
-                    if (ds, pid, h, s, tree, budget) in done:
-                        continue
+                    if (ds, pid, h, s, tree, budget) in done or out_of_time():
+                        continue  # past the budget mid-prompt: the rest of this prompt is a rerun's
                     t0 = time.monotonic()
                     res = replay(drafter, ref, policies[tree], budget, args.max_new_tokens)
                     row = {"dataset": ds, "id": pid, "head": h, "setting": s, "tree": tree, "budget": budget,
@@ -152,10 +185,12 @@ def main() -> int:
                            "tf_mismatch": ref.tf_mismatch, "time_s": round(time.monotonic() - t0, 2),
                            "max_new_tokens": args.max_new_tokens}
                     f.write(json.dumps(row) + "\n")
+                    f.flush()  # every configuration's row survives a kill (a prompt of many heads takes minutes)
                     rows.append(row)
-            f.flush()
             print(f"jetspecpp_tau: {k + 1}/{len(todo)} {ds}/{pid} (total {time.monotonic() - start:.0f}s)",
                   file=sys.stderr, flush=True)
+        if out_of_time():
+            print(f"jetspecpp_tau: stopped at the {args.minutes} min budget", file=sys.stderr)
     print_table(rows)
     return 0
 

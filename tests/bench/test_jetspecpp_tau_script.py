@@ -40,3 +40,21 @@ def test_parallel_shards_equal_one_run(tmp_path: Path) -> None:
     assert len(b) == len(rows) == len(a) == 3 * 2, "duplicate or missing rows"
     for k in a:
         assert (a[k]["tau"], a[k]["new_tokens"]) == (b[k]["tau"], b[k]["new_tokens"]), k
+
+
+def test_paired_compare_uses_only_prompts_both_configurations_have() -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    import jetspecpp_tau
+
+    def row(setting: str, pid: str, tau: float, tree: str = "chain") -> dict:
+        return {"dataset": "gsm8k", "id": pid, "head": "h", "setting": setting, "tree": tree, "budget": 16, "tau": tau}
+
+    rows = [row("J0R0", "0", 1.0), row("J1R0", "0", 1.5), row("J0R0", "1", 2.0), row("J1R0", "1", 2.1),
+            row("J0R0", "2", 9.0),  # no J1R0 row: not paired, left out
+            row("J0R0", "0", 3.0, "ddtree"), row("J1R0", "0", 2.0, "ddtree")]
+    got = {d["tree"]: d for d in jetspecpp_tau.paired(rows, "h J1R0 - h J0R0")}
+    assert got["chain/16"]["n"] == 2 and abs(got["chain/16"]["mean"] - 0.3) < 1e-12
+    assert abs(got["chain/16"]["se"] - 0.2) < 1e-12  # differences 0.5, 0.1: sd 0.2828 / sqrt(2)
+    assert got["ddtree/16"]["n"] == 1 and got["ddtree/16"]["mean"] == -1.0
+    with pytest.raises(SystemExit, match="HEAD SETTING - HEAD SETTING"):
+        jetspecpp_tau.paired(rows, "h J1R0 minus h J0R0")
