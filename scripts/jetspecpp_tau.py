@@ -118,6 +118,8 @@ def main() -> int:
                    help="with --table-only: the paired difference of two configurations over the prompts both have "
                         "(mean +- standard error), per tree; repeatable")
     args = p.parse_args()
+    if args.compare and not args.table_only:
+        p.error("--compare prints from the rows in --out: add --table-only (a replay run prints only the table)")
     out = Path(args.out)
     if args.parallel > 1 and not args.table_only:
         return run_parallel(args, out, script=__file__, key=ROW_KEY, show=print_table)
