@@ -11,8 +11,10 @@ Variants: the layer ops' fusion level (`Transformer.set_fused`: "gemm" = add+RMS
 into the following matrix product where timed faster per shape, "elementwise" = today's element-wise
 Triton kernels + cuBLAS, "reference" = PyTorch ops) x the Triton tree-attention kernel or SDPA, all
 timed in the same run. For "gemm" the per-shape choice (fused kernel vs unfused, CUDA-graph timed at
-the eager warm-up that precedes each capture) is printed. `--profile` prints the kernel table of the
-elementwise and gemm variants' eager AR step (triton attention) per shape. A variant that fails is
+the eager warm-up that precedes each capture) is printed. `--profile` prints the kernel tables of the
+elementwise and gemm variants' eager AR step and verify(65) pass (triton attention) per shape. The cache
+has the engine's slots (2,048 + two rounds of 65): the graphed forward reads it whole, and its size is
+what the attention kernel's split is planned for. A variant that fails is
 reported and skipped.
 """
 
@@ -93,19 +95,20 @@ def bench_variant(model, cache, ops: str, attention: str, context: int, tree: Dr
         row[f"{label}_ms"] = time_graph(step, repeats)
         if n == 1:
             logits = step().logits[0, 0].float().clone()
-    choices = [c for op in (model.ops.add_rmsnorm_linear, model.ops.silu_mul_linear) if hasattr(op, "choices")
+    choices = [c for op in (model.ops.add_rmsnorm_linear, model.ops.add_rmsnorm_mlp) if hasattr(op, "choices")
                for c in op.choices()]
     if choices:
         row["gemm_choices"] = choices
     if profile and attention == "triton" and ops != "reference":
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
-        t = DraftTree.root_only(7, "cuda")
-        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:  # the eager forward: the graph's kernels
-            for _ in range(10):
-                model(t.tokens[None], (context + t.depth)[None], cache, t.ancestor_mask[None])
-            torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70))
+        for label, t in (("AR step", DraftTree.root_only(7, "cuda")), ("verify(65)", tree)):
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:  # the eager forward: the graph's kernels
+                for _ in range(10):
+                    model(t.tokens[None], (context + t.depth)[None], cache, t.ancestor_mask[None])
+                torch.cuda.synchronize()
+            print(f"-- {ops} {label}: kernels of 10 eager forwards")
+            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70))
     return row, logits  # the graphs go with `graphed`
 
 
@@ -114,7 +117,7 @@ def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool,
     target = load_target(f"random:{shape}", device="cuda", dtype="bfloat16")
     model, cfg = target.model, target.config
     context = CONTEXT.get(shape, 1024)
-    cache = target.new_cache(context + 512)
+    cache = target.new_cache(max(2048, context) + 2 * 65)  # the engine's cache: what sizes the attention split
     g = torch.Generator(device="cuda").manual_seed(1)
     cache.k.normal_(generator=g)
     cache.v.normal_(generator=g)

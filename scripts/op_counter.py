@@ -20,9 +20,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-KERNELS = {"norm": 1, "qkv_rope": 1, "silu_mul": 1, "add_rmsnorm_linear": 2, "silu_mul_linear": 2}
-"""Kernels per layer op on CUDA (`fused_ops`): one Triton kernel each; the two fused into a product count
-as the element-wise kernel + cuBLAS (the "gemm" level fuses them into one where that is faster)."""
+KERNELS = {"norm": 1, "qkv_rope": 1, "silu_mul": 1, "add_rmsnorm_linear": 2, "add_rmsnorm_mlp": 4}
+"""Kernels per layer op on CUDA (`fused_ops`): one Triton kernel each; a norm fused into a product counts as the
+element-wise kernel + cuBLAS, the MLP block as norm, gate/up, SiLU*up and down (the "gemm" level fuses them into
+fewer where that is faster)."""
 
 
 ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # memory only, no kernel

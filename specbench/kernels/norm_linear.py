@@ -1,29 +1,40 @@
 """The element-wise op fused into the matrix product after it, for the few rows of decode and tree verify.
 
 A decode step of a small target is launch-bound: per layer, add+RMSNorm -> wqkv, add+RMSNorm -> gate/up
-and silu*up -> down are six kernels of a few microseconds each, mostly launch and tail. With M = B*N rows
-(1 .. ~130) the element-wise op is free inside the product: each program recomputes its rows' RMS
-statistics (a BLOCK_M x K read, tiny next to its BLOCK_N x K slice of the weight) and normalises (or
-activates) the A tile as it loads it, so the normed activations never go through memory and three
-launches per layer disappear. BLOCK_M is 16 (tl.dot's smallest tile; M is padded by masked loads); the
-row tiles of one weight slice are neighbouring programs, so the slice is read from HBM once.
+-> SiLU*up -> down are seven kernels of a few microseconds each, mostly launch and tail. With M = B*N
+rows (1 .. ~130) the element-wise work is free inside the product:
 
-Rounding follows the reference composition (`specbench.kernels.reference`): the residual add in the
-stream's dtype, the norm in fp32 cast to the dtype before the norm weight, that product cast to the
-dtype; silu(gate) cast, times up, cast; the matrix product accumulates in fp32 (tl.dot in IEEE fp32 for
-fp32 inputs, not TF32) and adds the bias in fp32 before the final cast. So fp32 agrees with the
-reference to accumulation order, bf16 to one rounding of the output.
+- add+RMSNorm before a product (`add_rmsnorm_linear`): RMSNorm(x) * w_n @ W.T = (x * w_n) @ W.T / rms(x),
+  so one pass over K multiplies the A tiles (x + delta) * w_n and accumulates the rows' sums of squares
+  beside the product; the row scale is applied to the fp32 accumulator at the end. The normed
+  activations never go through memory, and there is no second pass for the statistics.
+- the MLP (`add_rmsnorm_mlp`): the same prologue, the gate and the up rows of the program's slice in two
+  accumulators, SiLU*up as the epilogue, so the [M, 2I] gate/up output is never written; then the down
+  product.
+- SiLU*up before the down product (`silu_mul_linear`) as the prologue of its A tiles (used for one row).
+
+The row tile BLOCK_M (16 .. 128) covers M in one or two tiles, so each program reads its BLOCK_N x K
+weight slice once; row tiles of one slice are neighbouring programs.
+
+Rounding: the residual add in the stream's dtype as the reference does; the A tile (x + delta) * w_n
+rounded to the dtype (the reference rounds the normed x, then its product with w_n: one rounding less
+here, and the scale after the product); the product accumulates in fp32 (tl.dot in IEEE fp32 for fp32
+inputs, not TF32), adds the bias in fp32 and rounds once; gate and up rounded to the dtype before
+silu(gate) (cast) * up (cast), as the unfused product's output is. So fp32 agrees with the reference
+to rounding order, bf16 to about one rounding of the operands.
 
 One row (a decode step, a draft head's single row) takes a matrix-vector kernel instead (`_gemv_kernel`):
 no tl.dot tile of 16 rows of which 15 are padding, each program a few output columns (many programs, so
 a memory-bound weight read spreads over the whole GPU) and the row's prologue (RMS statistics, or
 SiLU*up) recomputed per program from the K-vector, which is tiny next to its BLOCK_N x K weight slice.
-Same rounding as the tile kernels; the fp32 sum runs along each program's columns in BLOCK_K strips.
+Its rounding is the reference's (normed x cast, times w_n, cast); the fp32 sum runs along each program's
+columns in BLOCK_K strips.
 
 Tile sizes come from `triton.autotune` per (row bucket, N, K, dtypes): autotuning benchmarks, so a new
 key must first be seen outside CUDA-graph capture (`specbench.kernels.per_shape.FasterPerShape` does
 that, and falls back to the composition for a key first seen during capture). The fallbacks
-`add_rmsnorm_then_linear` / `silu_mul_then_linear` are the element-wise kernels + cuBLAS.
+`add_rmsnorm_then_linear` / `add_rmsnorm_mlp_then_linear` / `silu_mul_then_linear` are the element-wise
+kernels + cuBLAS.
 """
 
 from __future__ import annotations
@@ -38,14 +49,20 @@ from triton.testing import do_bench
 from specbench.kernels.device import autotune_first_only, interpreting, require_kernel_device
 from specbench.kernels.fused import rmsnorm, silu_mul
 
-BLOCK_M = 16
 MAX_ROWS = 128  # beyond this (prefill) the product is compute-bound: cuBLAS with the element-wise kernel
-_INTERPRETER_CONFIG = triton.Config({"BLOCK_N": 16, "BLOCK_K": 32}, num_warps=4)  # small: loops over K and N
-_CONFIGS = [  # memory-bound shapes: narrow N slices (many programs), long K tiles, deep pipelines
-    triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
-    for n, k, w, s in [(16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3),
-                       (128, 64, 4, 4), (128, 128, 8, 3), (256, 64, 8, 3)]
-]
+ROW_TILES = ((16, 128, 4), (32, 64, 4), (32, 128, 3), (64, 64, 3))  # (BLOCK_N, BLOCK_K, stages) of the row kernels
+
+
+def row_configs(block_ms: tuple[int, ...] = (16, 32, 64, 128), tiles=ROW_TILES) -> list[triton.Config]:
+    """The row kernels' configs: every row tile BLOCK_M (the pruner keeps the one or two that cover M) times
+    narrow N slices (many programs for a memory-bound weight read) and long K strips; 8 warps once the
+    fp32 accumulator passes 4K values (the gate/up kernel holds two)."""
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4 if bm * bn <= 4096 else 8,
+                          num_stages=st) for bm in block_ms for bn, bk, st in tiles]
+
+
+_INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32}, num_warps=4)  # loops over M, N, K
+_ROW_CONFIGS = row_configs()
 
 
 _GEMV_INTERPRETER_CONFIG = triton.Config({"BLOCK_N": 8, "BLOCK_K": 32}, num_warps=4)
@@ -73,15 +90,31 @@ def _pruner(interpreter_config: triton.Config, min_n: int, min_k: int):  # type:
     return prune
 
 
-_prune = _pruner(_INTERPRETER_CONFIG, 16, 16)
+def covering_row_tiles(configs: list[triton.Config], m_bucket: int) -> list[triton.Config]:
+    """The configs whose row tile BLOCK_M covers M in one or two tiles (m_bucket = M rounded up to a power of
+    two, at least 16; at most two tiles of 128 rows)."""
+    one = min(m_bucket, 128)
+    return [c for c in configs if c.kwargs["BLOCK_M"] in (one, max(16, one // 2))]
+
+
+def _prune_rows(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """The row kernels' filter: the row tiles that cover M (`covering_row_tiles`), then `_pruner`'s."""
+    return _pruner(_INTERPRETER_CONFIG, 16, 16)(covering_row_tiles(configs, named_args["M_BUCKET"]) or configs,
+                                                named_args, **kwargs)
+
+
 _prune_gemv = _pruner(_GEMV_INTERPRETER_CONFIG, 4, 128)
 
 
-def _autotuned(fn, configs: list[triton.Config] = _CONFIGS, key: tuple[str, ...] = ("M_BUCKET", "N", "K"), prune=_prune):
+def _autotuned(fn, configs: list[triton.Config], key: tuple[str, ...], prune):
     return triton.autotune(
         configs=configs, key=list(key), prune_configs_by={"early_config_prune": prune},
         do_bench=lambda call, quantiles: do_bench(call, warmup=5, rep=20, quantiles=quantiles),  # ms, not the default 125
     )(fn)
+
+
+def _rows_autotuned(fn):
+    return _autotuned(fn, _ROW_CONFIGS, ("M_BUCKET", "N", "K"), _prune_rows)
 
 
 @triton.jit
@@ -110,27 +143,26 @@ def _store_out(acc, Bias, Y, rows, cols, row_ok, col_ok, stride_y, HAS_BIAS: tl.
              mask=row_ok[:, None] & col_ok[None, :])
 
 
-@_autotuned
+@_rows_autotuned
 @triton.jit
 def _add_rmsnorm_linear_kernel(X, Delta, NormW, W, Bias, Y, Resid, M, N, K, M_BUCKET, eps,
                                stride_x, stride_d, stride_r, stride_w, stride_y,
                                HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               HAS_NORM: tl.constexpr = True):
+    """y = (RMSNorm(x + delta) * norm_w) @ W.T (+ bias) in one pass over K: the row scale 1/rms factors out
+    of the product, so each A tile is (x + delta) * norm_w and the rows' sums of squares accumulate beside
+    the product; the scale is applied to the fp32 accumulator at the end. HAS_NORM False: (x + delta) @ W.T
+    (a plain product, for timing against cuBLAS)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m, pid_n = pid % num_m, pid // num_m  # row tiles of one weight slice side by side
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # [BLOCK_M]
     cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BLOCK_N]
     row_ok, col_ok = rows < M, cols < N
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)  # pass 1: the rows' sum of squares
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        xf = _resid_tile(X, Delta, rows, ks, row_ok[:, None] & (ks < K)[None, :], stride_x, stride_d,
-                         HAS_DELTA).to(tl.float32)
-        ss += tl.sum(xf * xf, 1)
-    inv = 1.0 / tl.sqrt(ss / K + eps)  # [BLOCK_M]; padding rows: 1/sqrt(eps), times 0
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # pass 2: normalise the A tile as it is loaded, multiply
+    for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         ok = row_ok[:, None] & k_ok[None, :]
@@ -138,15 +170,67 @@ def _add_rmsnorm_linear_kernel(X, Delta, NormW, W, Bias, Y, Resid, M, N, K, M_BU
         if HAS_DELTA:
             if pid_n == 0:  # the first column slice writes the stream
                 tl.store(Resid + rows[:, None] * stride_r + ks[None, :], x, mask=ok)
-        normed = (x.to(tl.float32) * inv[:, None]).to(x.dtype)  # RMSNorm casts back before the weight
-        nw = tl.load(NormW + ks, mask=k_ok, other=0.0).to(tl.float32)
-        a = (nw[None, :] * normed.to(tl.float32)).to(W.dtype.element_ty)
+        if HAS_NORM:
+            xf = x.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+            nw = tl.load(NormW + ks, mask=k_ok, other=0.0).to(tl.float32)
+            a = (xf * nw[None, :]).to(W.dtype.element_ty)
+        else:
+            a = x.to(W.dtype.element_ty)
         w = tl.load(W + cols[:, None] * stride_w + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _dot(a, w, acc, PRECISION, UPCAST)  # [BLOCK_M, BLOCK_N]
+    if HAS_NORM:
+        acc = acc * (1.0 / tl.sqrt(ss / K + eps))[:, None]  # padding rows: 1/sqrt(eps), times 0
     _store_out(acc, Bias, Y, rows, cols, row_ok, col_ok, stride_y, HAS_BIAS)
 
 
-@_autotuned
+@_rows_autotuned
+@triton.jit
+def _add_rmsnorm_gate_up_silu_kernel(X, Delta, NormW, W, Act, Resid, M, N, K, M_BUCKET, eps,
+                                     stride_x, stride_d, stride_r, stride_w, stride_a,
+                                     HAS_DELTA: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """act [M, N] = silu(gate) * up of [gate | up] = (RMSNorm(x + delta) * norm_w) @ W.T, W = [W_gate; W_up]
+    [2N, K]: each program multiplies its A tiles by the gate rows and the up rows of its N-slice (two
+    accumulators, one pass over K as in `_add_rmsnorm_linear_kernel`), so the [M, 2N] product never
+    goes through memory and the SiLU*up kernel disappears. gate and up are rounded to the dtype before
+    the activation, as the unfused product's output is."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid_m, pid_n = pid % num_m, pid // num_m
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # gate rows of W; up rows at N + cols
+    row_ok, col_ok = rows < M, cols < N
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        ok = row_ok[:, None] & k_ok[None, :]
+        x = _resid_tile(X, Delta, rows, ks, ok, stride_x, stride_d, HAS_DELTA)
+        if HAS_DELTA:
+            if pid_n == 0:
+                tl.store(Resid + rows[:, None] * stride_r + ks[None, :], x, mask=ok)
+        xf = x.to(tl.float32)
+        ss += tl.sum(xf * xf, 1)
+        nw = tl.load(NormW + ks, mask=k_ok, other=0.0).to(tl.float32)
+        a = (xf * nw[None, :]).to(W.dtype.element_ty)
+        w_ok = col_ok[:, None] & k_ok[None, :]
+        wg = tl.load(W + cols[:, None] * stride_w + ks[None, :], mask=w_ok, other=0.0)
+        wu = tl.load(W + (N + cols)[:, None] * stride_w + ks[None, :], mask=w_ok, other=0.0)
+        acc_g = _dot(a, wg, acc_g, PRECISION, UPCAST)
+        acc_u = _dot(a, wu, acc_u, PRECISION, UPCAST)
+    inv = (1.0 / tl.sqrt(ss / K + eps))[:, None]
+    gate = (acc_g * inv).to(Act.dtype.element_ty)
+    up = (acc_u * inv).to(Act.dtype.element_ty)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # F.silu rounds its output to the input dtype
+    tl.store(Act + rows[:, None] * stride_a + cols[None, :], (act.to(tl.float32) * up.to(tl.float32)).to(Act.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@_rows_autotuned
 @triton.jit
 def _silu_mul_linear_kernel(GU, W, Y, M, N, K, M_BUCKET, stride_gu, stride_w, stride_y,
                             PRECISION: tl.constexpr, UPCAST: tl.constexpr,
@@ -235,7 +319,7 @@ def _rows(t: Tensor) -> Tensor:
 
 
 def _bucket(m: int) -> int:
-    return max(BLOCK_M, triton.next_power_of_2(m))
+    return max(16, triton.next_power_of_2(m))
 
 
 def _precision(dtype: torch.dtype) -> dict:
@@ -245,7 +329,7 @@ def _precision(dtype: torch.dtype) -> dict:
 
 
 def _grid(m: int, n: int):
-    return lambda meta: (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, meta["BLOCK_N"]),)
+    return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
 
 def _check(x: Tensor, weight: Tensor, *others: Tensor | None) -> None:
@@ -253,7 +337,7 @@ def _check(x: Tensor, weight: Tensor, *others: Tensor | None) -> None:
         raise ValueError(f"weight must be a [N, K] matrix with contiguous rows, got {tuple(weight.shape)}")
     bad = [t.dtype for t in (x, *others) if t is not None and t.dtype != weight.dtype]
     if bad:
-        raise ValueError(f"add_rmsnorm_linear/silu_mul_linear need one dtype, got {weight.dtype} and {bad}")
+        raise ValueError(f"add_rmsnorm_linear/add_rmsnorm_mlp/silu_mul_linear need one dtype, got {weight.dtype} and {bad}")
 
 
 def add_rmsnorm_linear(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
@@ -277,7 +361,7 @@ def add_rmsnorm_linear(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps
     _add_rmsnorm_linear_kernel[_grid(m, n)](
         rows, dl, norm_weight, weight, weight if bias is None else bias, y, resid, m, n, k, _bucket(m), eps,
         rows.stride(0), dl.stride(0), resid.stride(0), weight.stride(0), y.stride(0),
-        HAS_DELTA=delta is not None, HAS_BIAS=bias is not None, **_precision(weight.dtype), BLOCK_M=BLOCK_M)
+        HAS_DELTA=delta is not None, HAS_BIAS=bias is not None, **_precision(weight.dtype))
     return y.view(*x.shape[:-1], n), (x if delta is None else resid.view(x.shape))
 
 
@@ -296,8 +380,37 @@ def silu_mul_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
                                     MODE=1, HAS_DELTA=False, HAS_BIAS=False)
         return y.view(*gate_up.shape[:-1], n)
     _silu_mul_linear_kernel[_grid(m, n)](rows, weight, y, m, n, inter, _bucket(m), rows.stride(0), weight.stride(0),
-                                         y.stride(0), **_precision(weight.dtype), BLOCK_M=BLOCK_M)
+                                         y.stride(0), **_precision(weight.dtype))
     return y.view(*gate_up.shape[:-1], n)
+
+
+def add_rmsnorm_mlp(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, gate_up_weight: Tensor,
+                    down_weight: Tensor) -> tuple[Tensor, Tensor]:
+    """The MLP block on the residual stream: (y, resid), resid = x + delta, y = down(silu(gate) * up) of
+    [gate | up] = (RMSNorm(resid) * norm_weight) @ gate_up_weight.T. x, delta [..., K]; gate_up_weight
+    [2I, K] (gate rows, then up rows); down_weight [N, I]. One row: two matrix-vector kernels (the norm
+    in the first, SiLU*up in the second). More rows: the norm, the gate/up product and SiLU*up in one
+    kernel (`_add_rmsnorm_gate_up_silu_kernel`), then cuBLAS for the down product."""
+    require_kernel_device(x)
+    _check(x, gate_up_weight, delta, norm_weight, down_weight)
+    k, inter = x.shape[-1], gate_up_weight.shape[0] // 2
+    if gate_up_weight.shape != (2 * inter, k) or down_weight.shape[1] != inter:
+        raise ValueError(f"gate/up weight {tuple(gate_up_weight.shape)} and down weight {tuple(down_weight.shape)} "
+                         f"do not make an MLP over rows of {k}")
+    rows = _rows(x)
+    m = rows.shape[0]
+    if m == 1 and gate_up_weight.is_contiguous():
+        gate_up, resid = add_rmsnorm_linear(x, delta, norm_weight, eps, gate_up_weight)
+        return silu_mul_linear(gate_up, down_weight), resid
+    dl = rows if delta is None else _rows(delta)
+    resid = rows if delta is None else torch.empty_like(rows)
+    act = torch.empty(m, inter, dtype=x.dtype, device=x.device)  # [M, I]
+    _add_rmsnorm_gate_up_silu_kernel[_grid(m, inter)](
+        rows, dl, norm_weight, gate_up_weight, act, resid, m, inter, k, _bucket(m), eps,
+        rows.stride(0), dl.stride(0), resid.stride(0), gate_up_weight.stride(0), act.stride(0),
+        HAS_DELTA=delta is not None, **_precision(x.dtype))
+    y = F.linear(act, down_weight)
+    return y.view(*x.shape[:-1], y.shape[-1]), (x if delta is None else resid.view(x.shape))
 
 
 def add_rmsnorm_then_linear(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
@@ -312,6 +425,13 @@ def silu_mul_then_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
     return F.linear(silu_mul(gate_up), weight)
 
 
+def add_rmsnorm_mlp_then_linear(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float,
+                                gate_up_weight: Tensor, down_weight: Tensor) -> tuple[Tensor, Tensor]:
+    """`add_rmsnorm_mlp` as four launches: RMSNorm, cuBLAS, SiLU*up, cuBLAS (any M, any dtypes)."""
+    gate_up, resid = add_rmsnorm_then_linear(x, delta, norm_weight, eps, gate_up_weight)
+    return silu_mul_then_linear(gate_up, down_weight), resid
+
+
 def fits(x: Tensor, weight: Tensor, *others: Tensor | None) -> bool:
     """Whether the fused kernels take these inputs: at most MAX_ROWS rows and one dtype."""
     return (x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and weight.stride(-1) == 1
@@ -323,9 +443,15 @@ def add_rmsnorm_linear_fits(x: Tensor, delta: Tensor | None, norm_weight: Tensor
     return fits(x, weight, delta, norm_weight, bias)
 
 
+def add_rmsnorm_mlp_fits(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, gate_up_weight: Tensor,
+                         down_weight: Tensor) -> bool:
+    return fits(x, gate_up_weight, delta, norm_weight, down_weight) and down_weight.stride(-1) == 1
+
+
 def silu_mul_linear_fits(gate_up: Tensor, weight: Tensor) -> bool:
     return fits(gate_up, weight)
 
 
-__all__ = ["add_rmsnorm_linear", "silu_mul_linear", "add_rmsnorm_then_linear", "silu_mul_then_linear",
-           "add_rmsnorm_linear_fits", "silu_mul_linear_fits", "MAX_ROWS"]
+__all__ = ["add_rmsnorm_linear", "add_rmsnorm_mlp", "silu_mul_linear", "add_rmsnorm_then_linear",
+           "add_rmsnorm_mlp_then_linear", "silu_mul_then_linear", "add_rmsnorm_linear_fits", "add_rmsnorm_mlp_fits",
+           "silu_mul_linear_fits", "MAX_ROWS", "row_configs", "covering_row_tiles"]

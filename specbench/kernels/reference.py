@@ -141,6 +141,14 @@ def silu_mul_linear_reference(gate_up: Tensor, weight: Tensor) -> Tensor:
     return torch.nn.functional.linear(silu_mul_reference(gate_up), weight)
 
 
+def add_rmsnorm_mlp_reference(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, gate_up_weight: Tensor,
+                              down_weight: Tensor) -> tuple[Tensor, Tensor]:
+    """`specbench.kernels.norm_linear.add_rmsnorm_mlp` as its composition: (down(silu(gate) * up) of the gate/up
+    product of RMSNorm(x + delta) * norm_weight, x + delta)."""
+    gate_up, resid = add_rmsnorm_linear_reference(x, delta, norm_weight, eps, gate_up_weight)
+    return silu_mul_linear_reference(gate_up, down_weight), resid
+
+
 def ranked_topk_reference(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """`ranked_topk_triton`: (values [R, k] float32 as stored, ids [R, k] int64) of each row of x [R, V] by
     (value desc, id asc), -0.0 equal to +0.0: one stable sort of the whole row."""

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from specbench.kernels.reference import (add_rmsnorm_linear_reference, qkv_rope_reference, rmsnorm_reference,
-                                        silu_mul_linear_reference, silu_mul_reference)
+from specbench.kernels.reference import (add_rmsnorm_linear_reference, add_rmsnorm_mlp_reference, qkv_rope_reference,
+                                        rmsnorm_reference, silu_mul_reference)
 from specbench.models.config import ModelConfig
 
 
@@ -275,18 +275,19 @@ class LayerOps:
     qkv_rope(qkv, cos, sin, H, Hkv, D, k_cache, v_cache, slots, q_norm, k_norm, eps) -> q [B, H, N, D]
     silu_mul(gate_up) -> silu(gate) * up
     add_rmsnorm_linear(x, delta, norm_weight, eps, weight, bias) -> (F.linear(norm(x + delta), weight, bias), x + delta)
-    silu_mul_linear(gate_up, weight) -> F.linear(silu(gate) * up, weight)
+    add_rmsnorm_mlp(x, delta, norm_weight, eps, w_gate_up, w_down) -> (F.linear(silu_mul(F.linear(norm(x + delta),
+        w_gate_up)), w_down), x + delta): the MLP block on the residual stream
     """
 
     norm: Callable[..., tuple[Tensor, Tensor]]
     qkv_rope: Callable[..., Tensor | None]
     silu_mul: Callable[[Tensor], Tensor]
     add_rmsnorm_linear: Callable[..., tuple[Tensor, Tensor]]
-    silu_mul_linear: Callable[[Tensor, Tensor], Tensor]
+    add_rmsnorm_mlp: Callable[..., tuple[Tensor, Tensor]]
 
 
 REFERENCE_OPS = LayerOps(rmsnorm_reference, qkv_rope_reference, silu_mul_reference, add_rmsnorm_linear_reference,
-                         silu_mul_linear_reference)
+                         add_rmsnorm_mlp_reference)
 FUSED_LEVELS = ("reference", "elementwise", "gemm")
 # The default on CUDA (`build_model`): on an H200 the gemm level ran SmolLM2's graphed AR step in 0.994 ms
 # against 1.044 for elementwise in the same run, and chose the unfused path for every Qwen3-8B shape
@@ -296,14 +297,15 @@ CUDA_FUSED_LEVEL = "gemm"
 
 def fused_ops(level: str = "elementwise") -> LayerOps:
     """The Triton ops of a fusion level: "elementwise" = the element-wise kernels of
-    `specbench.kernels.fused` between cuBLAS products; "gemm" = besides those, add+RMSNorm and SiLU*up
-    fused into the product after them (`specbench.kernels.norm_linear`) for the few rows of decode and
-    verify, per shape only where timing on the device shows the fused kernel faster (`FasterPerShape`)."""
+    `specbench.kernels.fused` between cuBLAS products; "gemm" = besides those, add+RMSNorm fused into the
+    product after it and the MLP's norm, gate/up product and SiLU*up in one kernel (one row: SiLU*up fused
+    into the down product instead; `specbench.kernels.norm_linear`) for the few rows of decode and verify,
+    per shape only where timing on the device shows the fused kernel faster (`FasterPerShape`)."""
     from specbench.kernels.fused import qkv_rope, rmsnorm, silu_mul
     from specbench.kernels import norm_linear as nl
 
     if level == "elementwise":
-        return LayerOps(rmsnorm, qkv_rope, silu_mul, nl.add_rmsnorm_then_linear, nl.silu_mul_then_linear)
+        return LayerOps(rmsnorm, qkv_rope, silu_mul, nl.add_rmsnorm_then_linear, nl.add_rmsnorm_mlp_then_linear)
     if level != "gemm":
         raise ValueError(f"unknown fused level {level!r}; choose one of {', '.join(FUSED_LEVELS)}")
     from specbench.kernels.per_shape import FasterPerShape
@@ -311,8 +313,8 @@ def fused_ops(level: str = "elementwise") -> LayerOps:
     return LayerOps(rmsnorm, qkv_rope, silu_mul,
                     FasterPerShape(nl.add_rmsnorm_linear, nl.add_rmsnorm_then_linear, nl.add_rmsnorm_linear_fits,
                                    "add_rmsnorm_linear"),
-                    FasterPerShape(nl.silu_mul_linear, nl.silu_mul_then_linear, nl.silu_mul_linear_fits,
-                                   "silu_mul_linear"))
+                    FasterPerShape(nl.add_rmsnorm_mlp, nl.add_rmsnorm_mlp_then_linear, nl.add_rmsnorm_mlp_fits,
+                                   "add_rmsnorm_mlp"))
 
 
 class Attention(nn.Module):
@@ -375,13 +377,14 @@ class DecoderLayer(nn.Module):
              ) -> tuple[Tensor, Tensor]:
         """The layer on the residual stream x + delta (delta None: x), returned the same way, so each
         residual add is fused into the norm that follows it (and, at the "gemm" level, each norm into
-        the projection after it, SiLU*up into the down projection)."""
+        the projection after it, the MLP's element-wise work into its products)."""
         attn, mlp = self.attn, self.mlp
         qkv, x = ops.add_rmsnorm_linear(x, delta, self.attn_norm.weight, self.attn_norm.eps, attn.wqkv.weight,
                                         attn.wqkv.bias)
         a = attn.attend_projected(qkv, cos, sin, k_cache, v_cache, slots, meta, attend, ops)
-        gate_up, x = ops.add_rmsnorm_linear(x, a, self.mlp_norm.weight, self.mlp_norm.eps, mlp.w_gate_up.weight, None)
-        return x, ops.silu_mul_linear(gate_up, mlp.w_down.weight)
+        y, x = ops.add_rmsnorm_mlp(x, a, self.mlp_norm.weight, self.mlp_norm.eps, mlp.w_gate_up.weight,
+                                   mlp.w_down.weight)
+        return x, y
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:

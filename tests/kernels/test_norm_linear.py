@@ -1,6 +1,6 @@
-"""The norm/activation fused into the following matrix product (add+RMSNorm -> linear, SiLU*up -> linear)
-against the reference compositions, and the per-shape choice between fused and unfused (CUDA, or the
-interpreter: tiny shapes whose K and N are not multiples of the blocks; 1, 5, 17, 33 rows)."""
+"""The norm/activation fused into the following matrix product (add+RMSNorm -> linear, SiLU*up -> linear, the
+MLP block) against the reference compositions, and the per-shape choice between fused and unfused (CUDA, or
+the interpreter: tiny shapes whose K and N are not multiples of the blocks; 1, 5, 17, 33 rows)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import torch
 pytest.importorskip("triton", reason="the kernel tests need Triton (CUDA, or TRITON_INTERPRET=1 on the CPU)")
 
 from specbench.kernels.norm_linear import (MAX_ROWS, add_rmsnorm_linear, add_rmsnorm_linear_fits,  # noqa: E402
-                                           add_rmsnorm_then_linear, silu_mul_linear)
+                                           covering_row_tiles, add_rmsnorm_mlp, add_rmsnorm_mlp_then_linear,
+                                           add_rmsnorm_then_linear, row_configs, silu_mul_linear)
 from specbench.kernels.per_shape import FasterPerShape  # noqa: E402
-from specbench.kernels.reference import add_rmsnorm_linear_reference, silu_mul_linear_reference  # noqa: E402
+from specbench.kernels.reference import (add_rmsnorm_linear_reference, add_rmsnorm_mlp_reference,  # noqa: E402
+                                        silu_mul_linear_reference)
 
 from kernel_cases import TOL, exact_casts, rel_err  # noqa: E402
 
@@ -52,6 +54,48 @@ def test_silu_mul_linear_matches_reference(device, dtype, m) -> None:
     y = silu_mul_linear(gate_up, w)
     assert y.shape == (m, N) and y.dtype == dtype
     assert rel_err(y, silu_mul_linear_reference(gate_up, w)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 5, 17, 33])
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rmsnorm_mlp_matches_reference(device, dtype, m, with_delta) -> None:
+    """The MLP block: one row through the two matrix-vector kernels, more through the gate/up+SiLU kernel and
+    cuBLAS; I = 40 is not a multiple of the interpreter's BLOCK_N, K = 72 not of its BLOCK_K."""
+    g = torch.Generator().manual_seed(100 + m * 2 + with_delta)
+    inter, out = N, 24
+    x = _randn(g, 1, m, K, dtype=dtype, device=device, scale=4.0)  # a large stream: the row scale matters
+    delta = _randn(g, 1, m, K, dtype=dtype, device=device) if with_delta else None
+    nw = (1 + _randn(g, K, dtype=torch.float32, device=device, scale=0.1)).to(dtype)
+    w_gu = _randn(g, 2 * inter, K, dtype=dtype, device=device, scale=2 * K ** -0.5)
+    w_down = _randn(g, out, inter, dtype=dtype, device=device, scale=inter ** -0.5)
+    y, resid = add_rmsnorm_mlp(x, delta, nw, 1e-5, w_gu, w_down)
+    y_ref, resid_ref = add_rmsnorm_mlp_reference(x, delta, nw, 1e-5, w_gu, w_down)
+    assert y.shape == (1, m, out) and y.dtype == dtype
+    assert rel_err(y, y_ref) <= TOL[dtype]
+    if delta is None:
+        assert resid is x
+    else:
+        assert torch.equal(resid, resid_ref) if exact_casts(device, dtype) else rel_err(resid, resid_ref) <= TOL[dtype]
+    y_unfused, _ = add_rmsnorm_mlp_then_linear(x, delta, nw, 1e-5, w_gu, w_down) if device == "cuda" else (y_ref, None)
+    assert rel_err(y_unfused, y_ref) <= TOL[dtype]
+
+
+def test_mlp_shapes_that_do_not_fit_are_refused(device) -> None:
+    x = torch.randn(1, 3, K).to(device)
+    with pytest.raises(ValueError, match="do not make an MLP over rows of 72"):
+        add_rmsnorm_mlp(x, None, torch.ones(K).to(device), 1e-5, torch.randn(2 * N, K).to(device),
+                        torch.randn(8, N + 1).to(device))
+
+
+def test_row_tiles_cover_the_rows_in_one_or_two_tiles() -> None:
+    """The row kernels' pruner keeps the row tiles that cover M in one or two tiles (65 rows: 128 or 64; 5: 16),
+    each with every (BLOCK_N, BLOCK_K) tile."""
+    configs = row_configs()
+    for m, bms in ((65, {64, 128}), (17, {16, 32}), (5, {16}), (128, {64, 128}), (33, {32, 64})):
+        kept = covering_row_tiles(configs, max(16, 1 << (m - 1).bit_length()))
+        assert {c.kwargs["BLOCK_M"] for c in kept} == bms
+        assert len(kept) == len(bms) * len(configs) // 4
 
 
 def test_mixed_dtypes_are_refused(device) -> None:
@@ -115,5 +159,10 @@ def test_bench_script_configs_compute_the_unfused_result(device) -> None:
     cfgs = [(16, 16, 32, 4, 1), (32, 16, 32, 4, 1), (64, 32, 64, 4, 1)]
     errors = bench.check_configs(33, 64, 48, device, torch.float32, cfgs)
     assert set(errors) == set(cfgs) and max(errors.values()) < 1e-4, errors
+    errors = bench.check_mlp_configs(33, 64, 40, device, torch.float32, cfgs)
+    assert set(errors) == set(cfgs) and max(errors.values()) < 1e-4, errors
+    x, _, nw, w = bench.inputs(33, 64, 48, device, torch.float32)
+    for cfg in cfgs:  # the kernel without its norm: the plain product it is timed against cuBLAS as
+        assert rel_err(bench.fused(x, None, nw, w, cfg), torch.nn.functional.linear(x, w)) < 1e-5
     assert {c[0] for c in bench.configs(65, 576, 960)} == {16, 32, 64, 128}
     assert {c[0] for c in bench.configs(17, 576, 960)} == {16, 32}

@@ -1,0 +1,31 @@
+"""scripts/bench_attention_plan.py: every config of its grid computes the tree attention of the reference (tiny
+shapes under the interpreter, or CUDA), split counts that leave some splits without keys included."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the kernel tests need Triton (CUDA, or TRITON_INTERPRET=1 on the CPU)")
+
+
+def _script():
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_attention_plan.py"
+    spec = importlib.util.spec_from_file_location("bench_attention_plan", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_grid_configs_agree_with_the_reference(device) -> None:
+    bench = _script()
+    from specbench.kernels.tree_attention import AttentionConfig
+
+    cfgs = [AttentionConfig(16, 32, 4, 1, s) for s in (1, 3, 8)] + [AttentionConfig(32, 16, 4, 1, 2)]
+    errors = bench.check_configs(4, 2, 16, 5, 40, 64, device, torch.float32, cfgs)
+    assert set(errors) == set(cfgs) and max(errors.values()) < 1e-5, errors
+    assert {c.block_m for c in bench.grid(3)} == {16}  # an AR step's 3 rows: the smallest row tile only
+    assert {c.block_m for c in bench.grid(195)} == {16, 32, 64, 128}
