@@ -27,8 +27,9 @@
 #            scripts/jetspecpp_tau.py instead (ABL_JPP_SETTINGS, default J0R0,J1R0,J1R1; ABL_DATASETS; ABL_N), e.g.
 #            jetspec++ variants fill=mask, p_mask_only=1, attention=bidirectional (Tables 4 and 15)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
-#            Qwen3-8B shapes; BENCH_ARGS e.g. --profile: the AR step's kernel table), then scripts/bench_norm_linear.py
-#            (NL_BENCH=0: not); the faster level on SmolLM2's AR
+#            Qwen3-8B shapes; BENCH_ARGS e.g. --profile: the AR step's and verify pass's kernel tables), then
+#            scripts/bench_norm_linear.py (NL_BENCH=0: not) and scripts/bench_attention_plan.py (AP_BENCH=0: not);
+#            the faster level on SmolLM2's AR
 #            step becomes SPECBENCH_FUSED_LEVEL for what follows
 #   gputests python -m pytest -m "$GPUTEST_MARK" $GPUTEST_PATHS (default: -m gpu tests/gpu; SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD,
 #            default the shipped head); GPUTEST_PATHS="tests/kernels tests/gpu" GPUTEST_MARK="gpu or not slow" adds every
@@ -198,17 +199,23 @@ phase_kernels() {
   local K=$P/kernels; mkdir -p $K
   if [ "${KERNEL_TESTS:-1}" = 1 ]; then
     log "kernel tests (CUDA)"
-    timeout ${KTEST_S:-120} python3 -m pytest tests/kernels/test_norm_linear.py tests/kernels/test_fused_decoder.py -q \
-      -p no:cacheprovider > $K/tests.txt 2>&1; tail -4 $K/tests.txt
+    SPECBENCH_AUTOTUNE=first timeout ${KTEST_S:-120} python3 -m pytest tests/kernels/test_norm_linear.py \
+      tests/kernels/test_fused_decoder.py tests/kernels/test_attention_plan_script.py -q -p no:cacheprovider > $K/tests.txt 2>&1
+    tail -4 $K/tests.txt
   fi
   log "bench_step"
   timeout ${BENCH_S:-180} python3 scripts/bench_step.py --shapes smollm2-135m-shape,qwen3-8b-shape \
     --variants ${BENCH_VARIANTS:-elementwise/triton,gemm/triton} ${BENCH_ARGS:-} --out $K/bench_step.json > $K/bench_step.txt 2>&1
   grep -v "^ *$" $K/bench_step.txt | tail -30
   if [ "${NL_BENCH:-1}" = 1 ]; then
-    log "bench_norm_linear (the tile kernel's row tiles at 17/65 rows vs the unfused pair)"
+    log "bench_norm_linear (the row kernels' configs at 17/65 rows vs the unfused compositions)"
     timeout ${NL_BENCH_S:-180} python3 scripts/bench_norm_linear.py --out $K/bench_norm_linear.json > $K/bench_norm_linear.txt 2>&1
-    tail -12 $K/bench_norm_linear.txt
+    grep -v differs $K/bench_norm_linear.txt | tail -24
+  fi
+  if [ "${AP_BENCH:-1}" = 1 ]; then
+    log "bench_attention_plan (tree attention's configs over the engine's whole cache vs the plan)"
+    timeout ${AP_BENCH_S:-150} python3 scripts/bench_attention_plan.py --out $K/attention_plan.json > $K/attention_plan.txt 2>&1
+    tail -32 $K/attention_plan.txt
   fi
   local level
   level=$(python3 - $K/bench_step.json <<'EOF'
