@@ -105,7 +105,15 @@ def check_configs(m: int, k: int, n: int, device: str, dtype: torch.dtype,
     """Max abs difference of each config's output from the unfused pair's (bf16: within an output rounding)."""
     x, delta, norm_w, w = inputs(m, k, n, device, dtype)
     want = unfused(x, delta, norm_w, w).float()
-    return {cfg: float((fused(x, delta, norm_w, w, cfg).float() - want).abs().max()) for cfg in (cfgs or configs(m, k, n))}
+    return {cfg: _max_diff(lambda cfg=cfg: fused(x, delta, norm_w, w, cfg), want) for cfg in (cfgs or configs(m, k, n))}
+
+
+def _max_diff(run, want: torch.Tensor) -> float:
+    """Max abs difference of run() from want; NaN for a config that cannot run here (out of shared memory)."""
+    try:
+        return float((run().float() - want).abs().max())
+    except triton.runtime.errors.OutOfResources:
+        return float("nan")
 
 
 def check_mlp_configs(m: int, k: int, inter: int, device: str, dtype: torch.dtype,
@@ -113,7 +121,7 @@ def check_mlp_configs(m: int, k: int, inter: int, device: str, dtype: torch.dtyp
     """Max abs difference of each config's SiLU*up activations from the unfused pieces'."""
     x, delta, norm_w, w_gu = inputs(m, k, 2 * inter, device, dtype)
     want = unfused_act(x, delta, norm_w, w_gu).float()
-    return {cfg: float((fused_gate_up_silu(x, delta, norm_w, w_gu, cfg).float() - want).abs().max())
+    return {cfg: _max_diff(lambda cfg=cfg: fused_gate_up_silu(x, delta, norm_w, w_gu, cfg), want)
             for cfg in (cfgs or configs(m, k, inter))}
 
 
@@ -122,9 +130,10 @@ def _time_configs(run, errors: dict[tuple, float], scale: float, label: str) -> 
 
     times = {}
     for cfg, err in errors.items():
-        if not err <= 0.02 * scale + 1e-2:  # a config that computes something else is reported, never timed
+        if not err <= 0.02 * scale + 1e-2:  # a config that computes something else (or cannot run) is never timed
             times[cfg] = float("nan")
-            print(f"{label} {cfg}: differs by {err:.3g} (scale {scale:.3g})", flush=True)
+            print(f"{label} {cfg}: " + ("cannot run here" if err != err else f"differs by {err:.3g} (scale {scale:.3g})"),
+                  flush=True)
             continue
         try:
             times[cfg] = do_bench_cudagraph(lambda cfg=cfg: run(cfg), rep=20, return_mode="median") * 1e3
@@ -152,7 +161,7 @@ def bench(model: str, name: str, k: int, n: int, m: int) -> dict[str, Any]:
     best, by_bm = _summary(times)
     row = {"model": model, "product": name, "K": k, "N": n, "M": m, "unfused_us": base,
            "best_fused_us": times[best] if best else None, "best_config": best, "best_by_block_m_us": by_bm,
-           "max_err": max(errors.values()), "scale": scale, "times_us": {str(c): t for c, t in times.items()}}
+           "max_err": max((e for e in errors.values() if e == e), default=None), "scale": scale, "times_us": {str(c): t for c, t in times.items()}}
     print(f"{model:>9} {name:>8} K={k:>5} N={n:>6} M={m:>3}: unfused {base:7.1f} us, best fused "
           f"{row['best_fused_us'] or float('nan'):7.1f} us {best} | by BLOCK_M "
           + " ".join(f"{bm}:{(t if t is not None else float('nan')):.1f}" for bm, t in by_bm.items()), flush=True)
@@ -166,7 +175,7 @@ def bench_plain(model: str, name: str, k: int, n: int, m: int) -> dict[str, Any]
     x, _delta, norm_w, w = inputs(m, k, n, "cuda", torch.bfloat16)
     want = torch.nn.functional.linear(x, w)
     scale = float(want.float().abs().max())
-    errors = {cfg: float((fused(x, None, norm_w, w, cfg).float() - want.float()).abs().max()) for cfg in configs(m, k, n)}
+    errors = {cfg: _max_diff(lambda cfg=cfg: fused(x, None, norm_w, w, cfg), want.float()) for cfg in configs(m, k, n)}
     times = _time_configs(lambda cfg: fused(x, None, norm_w, w, cfg), errors, scale, f"{model} {name} M={m}")
     base = do_bench_cudagraph(lambda: torch.nn.functional.linear(x, w), rep=20, return_mode="median") * 1e3
     best, by_bm = _summary(times)
@@ -198,7 +207,7 @@ def bench_mlp(model: str, m: int) -> dict[str, Any]:
     best, by_bm = _summary(times)
     row = {"model": model, "product": "mlp", "K": k, "I": inter, "N": hidden, "M": m, "unfused_block_us": base,
            "down_us": down, "fused_block_us": block, "best_kernel_us": times[best] if best else None,
-           "best_config": best, "best_by_block_m_us": by_bm, "max_err": max(errors.values()), "scale": scale,
+           "best_config": best, "best_by_block_m_us": by_bm, "max_err": max((e for e in errors.values() if e == e), default=None), "scale": scale,
            "times_us": {str(c): t for c, t in times.items()}}
     print(f"{model:>9}      mlp K={k:>5} I={inter:>6} M={m:>3}: unfused block {base:7.1f} us (down {down:.1f}), fused "
           f"block {block:7.1f} us, best kernel {row['best_kernel_us'] or float('nan'):7.1f} us {best} | by BLOCK_M "

@@ -206,10 +206,10 @@ def plan_attention(batch: int, kv_heads: int, group: int, n: int, context_hint: 
         block_m, block_s, warps, stages = 16, 32, 4, 1
     elif rows <= 16:
         block_m, block_s, warps, stages = 16, 64, 4, 3
-    elif rows <= 64:
+    else:  # 64-row tiles, 4 warps, also past 64 rows: on an H200, over the engine's whole cache, SmolLM2's
+        # 65-node verify ran 8.0 us a layer against 9.5 for 128-row tiles of 8 warps, Qwen3-8B's 17-node
+        # one 12.9 against 14.5 (scripts/bench_attention_plan.py; docs/measurements/README.md)
         block_m, block_s, warps, stages = 64, 64, 4, 3
-    else:
-        block_m, block_s, warps, stages = 128, 64, 8, 3
     base = batch * kv_heads * triton.cdiv(rows, block_m)
     want = triton.cdiv(2 * num_sms(device), base)
     splits = max(1, min(want, context_hint // (4 * block_s), 64))  # at least four key tiles per split
