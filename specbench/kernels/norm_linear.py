@@ -16,6 +16,11 @@ rows (1 .. ~130) the element-wise work is free inside the product:
 The row tile BLOCK_M (16 .. 128) covers M in one or two tiles, so each program reads its BLOCK_N x K
 weight slice once; row tiles of one slice are neighbouring programs.
 
+Measured on an H200 (2026-12-03, docs/measurements/README.md): at 17 and 65 rows these row kernels lose to the
+element-wise kernel + cuBLAS (SmolLM2's wqkv 9.1 vs 5.2 us, its MLP block 20.4 vs 12.1 us at 65 rows), while the
+same kernel without its prologue ties cuBLAS: the element-wise work on the A tile is what costs. `FasterPerShape`
+keeps the unfused path wherever they lose; the one-row matrix-vector kernels win (the decode step).
+
 Rounding: the residual add in the stream's dtype as the reference does; the A tile (x + delta) * w_n
 rounded to the dtype (the reference rounds the normed x, then its product with w_n: one rounding less
 here, and the scale after the product); the product accumulates in fp32 (tl.dot in IEEE fp32 for fp32
@@ -128,6 +133,20 @@ def _resid_tile(X, Delta, rows, ks, ok, stride_x, stride_d, HAS_DELTA: tl.conste
 
 
 @triton.jit
+def _scaled_stream_tile(X, Delta, NormW, Resid, rows, ks, k_ok, ok, write_resid, stride_x, stride_d, stride_r,
+                        HAS_DELTA: tl.constexpr):
+    """(x * norm_w in fp32 [BLOCK_M, BLOCK_K], its rows' sums of squares [BLOCK_M]) of the stream tile x =
+    x + delta; the program that `write_resid` stores the stream tile (one column slice does)."""
+    x = _resid_tile(X, Delta, rows, ks, ok, stride_x, stride_d, HAS_DELTA)
+    if HAS_DELTA:
+        if write_resid:
+            tl.store(Resid + rows[:, None] * stride_r + ks[None, :], x, mask=ok)
+    xf = x.to(tl.float32)
+    nw = tl.load(NormW + ks, mask=k_ok, other=0.0).to(tl.float32)
+    return xf * nw[None, :], tl.sum(xf * xf, 1)
+
+
+@triton.jit
 def _dot(a, w, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """acc + a [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K].T in fp32."""
     if UPCAST:  # the interpreter's numpy matmul has no bf16 (the values are bf16 already: exact)
@@ -153,7 +172,7 @@ def _add_rmsnorm_linear_kernel(X, Delta, NormW, W, Bias, Y, Resid, M, N, K, M_BU
     """y = (RMSNorm(x + delta) * norm_w) @ W.T (+ bias) in one pass over K: the row scale 1/rms factors out
     of the product, so each A tile is (x + delta) * norm_w and the rows' sums of squares accumulate beside
     the product; the scale is applied to the fp32 accumulator at the end. HAS_NORM False: (x + delta) @ W.T
-    (a plain product, for timing against cuBLAS)."""
+    (a plain product, for timing against cuBLAS; the stream is not written)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m, pid_n = pid % num_m, pid // num_m  # row tiles of one weight slice side by side
@@ -166,17 +185,13 @@ def _add_rmsnorm_linear_kernel(X, Delta, NormW, W, Bias, Y, Resid, M, N, K, M_BU
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         ok = row_ok[:, None] & k_ok[None, :]
-        x = _resid_tile(X, Delta, rows, ks, ok, stride_x, stride_d, HAS_DELTA)  # [BLOCK_M, BLOCK_K]
-        if HAS_DELTA:
-            if pid_n == 0:  # the first column slice writes the stream
-                tl.store(Resid + rows[:, None] * stride_r + ks[None, :], x, mask=ok)
-        if HAS_NORM:
-            xf = x.to(tl.float32)
-            ss += tl.sum(xf * xf, 1)
-            nw = tl.load(NormW + ks, mask=k_ok, other=0.0).to(tl.float32)
-            a = (xf * nw[None, :]).to(W.dtype.element_ty)
+        if HAS_NORM:  # the first column slice writes the stream
+            scaled, sq = _scaled_stream_tile(X, Delta, NormW, Resid, rows, ks, k_ok, ok, pid_n == 0,
+                                             stride_x, stride_d, stride_r, HAS_DELTA)
+            ss += sq
+            a = scaled.to(W.dtype.element_ty)  # [BLOCK_M, BLOCK_K]
         else:
-            a = x.to(W.dtype.element_ty)
+            a = _resid_tile(X, Delta, rows, ks, ok, stride_x, stride_d, HAS_DELTA).to(W.dtype.element_ty)
         w = tl.load(W + cols[:, None] * stride_w + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _dot(a, w, acc, PRECISION, UPCAST)  # [BLOCK_M, BLOCK_N]
     if HAS_NORM:
@@ -208,14 +223,10 @@ def _add_rmsnorm_gate_up_silu_kernel(X, Delta, NormW, W, Act, Resid, M, N, K, M_
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         ok = row_ok[:, None] & k_ok[None, :]
-        x = _resid_tile(X, Delta, rows, ks, ok, stride_x, stride_d, HAS_DELTA)
-        if HAS_DELTA:
-            if pid_n == 0:
-                tl.store(Resid + rows[:, None] * stride_r + ks[None, :], x, mask=ok)
-        xf = x.to(tl.float32)
-        ss += tl.sum(xf * xf, 1)
-        nw = tl.load(NormW + ks, mask=k_ok, other=0.0).to(tl.float32)
-        a = (xf * nw[None, :]).to(W.dtype.element_ty)
+        scaled, sq = _scaled_stream_tile(X, Delta, NormW, Resid, rows, ks, k_ok, ok, pid_n == 0,
+                                         stride_x, stride_d, stride_r, HAS_DELTA)
+        ss += sq
+        a = scaled.to(W.dtype.element_ty)
         w_ok = col_ok[:, None] & k_ok[None, :]
         wg = tl.load(W + cols[:, None] * stride_w + ks[None, :], mask=w_ok, other=0.0)
         wu = tl.load(W + (N + cols)[:, None] * stride_w + ks[None, :], mask=w_ok, other=0.0)
