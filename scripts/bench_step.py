@@ -12,7 +12,9 @@ into the following matrix product where timed faster per shape, "elementwise" = 
 Triton kernels + cuBLAS, "reference" = PyTorch ops) x the Triton tree-attention kernel or SDPA, all
 timed in the same run. For "gemm" the per-shape choice (fused kernel vs unfused, CUDA-graph timed at
 the eager warm-up that precedes each capture) is printed. `--profile` prints the kernel tables of the
-elementwise and gemm variants' eager AR step and verify(65) pass (triton attention) per shape. The cache
+elementwise and gemm variants' eager AR step and verify(65) pass (triton attention) per shape; `--trace` profiles
+replays of the captured AR graph itself and prints its timeline (kernels per replay, the kernels' busy time, the
+span, the gaps between kernels and which kernels they precede: what a graph costs beyond its kernels). The cache
 has the engine's slots (2,048 + two rounds of 65): the graphed forward reads it whole, and its size is
 what the attention kernel's split is planned for. A variant that fails is
 reported and skipped.
@@ -77,8 +79,59 @@ def time_graph(fn, repeats: int) -> float:
     return statistics.median(times)  # ms
 
 
+def graph_timeline(kernels: list[tuple[str, int, int]], replays: int, top: int = 8) -> dict:
+    """Where a graph replay's time goes, from the device kernels of `replays` back-to-back-synchronized replays
+    (name, start ns, duration ns): per replay the kernel count, busy time (kernels' sum), span (first start to last
+    end) and gaps (span - busy), and per kernel name its calls, mean duration and mean gap before it (within a
+    replay), the `top` by total gap first. Times in microseconds."""
+    kernels = sorted(kernels, key=lambda k: k[1])
+    if replays < 1 or not kernels or len(kernels) % replays:
+        raise ValueError(f"graph_timeline: {len(kernels)} kernels do not split into {replays} equal replays")
+    per = len(kernels) // replays
+    spans, busy, stats = [], [], {}
+    for r in range(replays):
+        run = kernels[r * per:(r + 1) * per]
+        spans.append((run[-1][1] + run[-1][2] - run[0][1]) / 1e3)
+        busy.append(sum(k[2] for k in run) / 1e3)
+        for i, (name, start, dur) in enumerate(run):
+            gap = 0.0 if i == 0 else max(0.0, (start - run[i - 1][1] - run[i - 1][2]) / 1e3)
+            s = stats.setdefault(name[:60], [0, 0.0, 0.0])
+            s[0] += 1
+            s[1] += dur / 1e3
+            s[2] += gap
+    by_gap = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return {"kernels_per_replay": per, "span_us": statistics.median(spans), "busy_us": statistics.median(busy),
+            "gap_us": statistics.median(s - b for s, b in zip(spans, busy)),
+            "by_gap": [{"kernel": n, "calls_per_replay": c / replays, "mean_us": d / c, "mean_gap_before_us": g / c}
+                       for n, (c, d, g) in by_gap]}
+
+
+def trace_graph(fn, replays: int = 5) -> dict:
+    """`graph_timeline` of `replays` replays of `fn` (a graph replay), from the profiler's device kernels."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            fn()
+            torch.cuda.synchronize()
+    kernels = [(e.name(), e.start_ns(), e.duration_ns()) for e in prof.profiler.kineto_results.events()
+               if e.device_type() == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name().lower()
+               and "memset" not in e.name().lower()]
+    return graph_timeline(kernels, replays)
+
+
+def print_timeline(label: str, t: dict) -> None:
+    print(f"-- {label}: graph replay timeline: {t['kernels_per_replay']} kernels, span {t['span_us']:.1f} us, "
+          f"kernels busy {t['busy_us']:.1f} us, gaps {t['gap_us']:.1f} us")
+    for k in t["by_gap"]:
+        print(f"     {k['kernel']:<60} {k['calls_per_replay']:>5.0f} calls  {k['mean_us']:6.2f} us each  "
+              f"{k['mean_gap_before_us']:5.2f} us gap before")
+
+
 def bench_variant(model, cache, ops: str, attention: str, context: int, tree: DraftTree, repeats: int,
-                  profile: bool) -> tuple[dict, torch.Tensor]:
+                  profile: bool, trace: bool = False) -> tuple[dict, torch.Tensor]:
     """One variant's AR and verify(65) graph times (and its AR step's logits [V], to compare variants)."""
     model.set_fused(ops)
     model.set_attention(attention)
@@ -95,6 +148,12 @@ def bench_variant(model, cache, ops: str, attention: str, context: int, tree: Dr
         row[f"{label}_ms"] = time_graph(step, repeats)
         if n == 1:
             logits = step().logits[0, 0].float().clone()
+        if trace:
+            try:
+                row[f"{label}_timeline"] = trace_graph(step)
+                print_timeline(f"{ops}/{attention} {label}", row[f"{label}_timeline"])
+            except (ValueError, RuntimeError, AttributeError) as exc:  # a profiler that drops graph kernels
+                print(f"-- {ops}/{attention} {label}: no graph timeline ({type(exc).__name__}: {exc})")
     choices = [c for op in (model.ops.add_rmsnorm_linear, model.ops.add_rmsnorm_mlp) if hasattr(op, "choices")
                for c in op.choices()]
     if choices:
@@ -113,7 +172,7 @@ def bench_variant(model, cache, ops: str, attention: str, context: int, tree: Dr
 
 
 def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool,
-                variants: tuple[tuple[str, str], ...] = VARIANTS) -> list[dict]:
+                variants: tuple[tuple[str, str], ...] = VARIANTS, trace: bool = False, rounds: int = 1) -> list[dict]:
     target = load_target(f"random:{shape}", device="cuda", dtype="bfloat16")
     model, cfg = target.model, target.config
     context = CONTEXT.get(shape, 1024)
@@ -126,9 +185,11 @@ def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool,
     bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
     tree = random_tree(65, 0)
     rows, first_logits = [], None
-    for ops, attention in variants:
+    for rnd, (ops, attention) in ((r, v) for r in range(rounds) for v in variants):
         try:  # one variant failing (a kernel that does not compile here) does not lose the others' figures
-            row, logits = bench_variant(model, cache, ops, attention, context, tree, repeats, profile)
+            row, logits = bench_variant(model, cache, ops, attention, context, tree, repeats, profile and rnd == 0,
+                                        trace)
+            row["round"] = rnd
         except Exception as exc:  # noqa: BLE001
             print(f"{shape:>20} {ops:>11} {attention:>6}: FAILED {type(exc).__name__}: {exc}", flush=True)
             rows.append({"shape": shape, "ops": ops, "attention": attention, "error": f"{type(exc).__name__}: {exc}"})
@@ -141,7 +202,7 @@ def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool,
                    verify_over_ar=row["verify65_ms"] / row["ar_ms"],
                    ar_logits_rel_err=float((logits - first_logits).norm() / first_logits.norm()))
         rows.append(row)
-        print(f"{shape:>20} {ops:>11} {attention:>6}: AR {row['ar_ms']:.3f} ms ({row['ar_tok_s']:.0f} tok/s, "
+        print(f"{shape:>20} {ops:>11} {attention:>6} #{rnd}: AR {row['ar_ms']:.3f} ms ({row['ar_tok_s']:.0f} tok/s, "
               f"{row['pct_of_bound']:.0f}% of the {bound_ms:.3f} ms bound), verify(65) {row['verify65_ms']:.3f} ms "
               f"= {row['verify_over_ar']:.2f}x AR; AR logits vs {variants[0][0]}/{variants[0][1]}: rel err "
               f"{row['ar_logits_rel_err']:.1e}", flush=True)
@@ -159,6 +220,9 @@ def main() -> None:
     p.add_argument("--shapes", default="smollm2-135m-shape,qwen3-8b-shape")
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--trace", action="store_true", help="the captured AR/verify graphs' replay timelines (gaps)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every variant this many times in turn (A B A B ...): an order or warm-up effect shows")
     p.add_argument("--variants", default=",".join(f"{o}/{a}" for o, a in VARIANTS),
                    help="LEVEL/ATTENTION pairs to time, the first is the logits reference (default: all)")
     p.add_argument("--out", default=None)
@@ -172,13 +236,14 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
     rows = []
     for shape in args.shapes.split(","):
-        rows += bench_shape(shape, bw, args.repeats, args.profile, variants)
-    print("\n| shape | level | attention | AR ms | tok/s | % of bound | verify(65) ms | verify/AR |\n|---|---|---|---:|---:|---:|---:|---:|")
+        rows += bench_shape(shape, bw, args.repeats, args.profile, variants, args.trace, args.rounds)
+    print("\n| shape | level | attention | round | AR ms | tok/s | % of bound | verify(65) ms | verify/AR |\n"
+          "|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['shape']} | {r['ops']} | {r['attention']} | failed: {r['error'][:60]} | | | | |")
+            print(f"| {r['shape']} | {r['ops']} | {r['attention']} | | failed: {r['error'][:60]} | | | | |")
             continue
-        print(f"| {r['shape']} | {r['ops']} | {r['attention']} | {r['ar_ms']:.3f} | {r['ar_tok_s']:.0f} | "
+        print(f"| {r['shape']} | {r['ops']} | {r['attention']} | {r['round']} | {r['ar_ms']:.3f} | {r['ar_tok_s']:.0f} | "
               f"{r['pct_of_bound']:.0f} | {r['verify65_ms']:.3f} | {r['verify_over_ar']:.2f} |")
     if args.out:
         with open(args.out, "w") as f:

@@ -28,7 +28,8 @@
 #            jetspec++ variants fill=mask, p_mask_only=1, attention=bidirectional (Tables 4 and 15)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
 #            Qwen3-8B shapes; BENCH_ARGS e.g. --profile: the AR step's and verify pass's kernel tables), then
-#            scripts/bench_norm_linear.py (NL_BENCH=0: not) and scripts/bench_attention_plan.py (AP_BENCH=0: not);
+#            scripts/bench_norm_linear.py (NL_BENCH=0: not), scripts/bench_attention_plan.py (AP_BENCH=0: not) and
+#            scripts/bench_top_b_tree.py (TB_BENCH=0: not); BENCH_ARGS="--trace --rounds 2": graph timelines, A B A B;
 #            the faster level on SmolLM2's AR
 #            step becomes SPECBENCH_FUSED_LEVEL for what follows
 #   gputests python -m pytest -m "$GPUTEST_MARK" $GPUTEST_PATHS (default: -m gpu tests/gpu; SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD,
@@ -148,10 +149,10 @@ phase_tau() {
 phase_jpptau() {
   local J=$P/jpptau; mkdir -p $J
   [ -n "${JPP_ROWS:-}" ] && zcat -f "$JPP_ROWS" > $J/rows.jsonl  # resume a grid kept in the repository
-  log "jetspec++ refinement grid by replay: ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true}, n ${JPP_N:-50}"
+  log "jetspec++ refinement grid by replay: ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true,J1R1:stale}, n ${JPP_N:-50}"
   timeout $(left ${JPP_END_S:-600}) python3 scripts/jetspecpp_tau.py --device $DEVICE --data $SPECBENCH_DATA \
     --head jetspec++=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} --head jetspec=specbench/heads/jetspec-smollm2-135m \
-    --settings ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true} --trees ${JPP_TREES:-chain:16,ddtree:64} \
+    --settings ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true,J1R1:stale} --trees ${JPP_TREES:-chain:16,ddtree:64} \
     --datasets ${JPP_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${JPP_N:-50} --max-new-tokens ${JPP_TOKENS:-128} \
     --parallel ${JPP_PARALLEL:-${TAU_PARALLEL:-14}} --threads 1 \
     --minutes $(python3 -c "print(max(0.5, ($(left ${JPP_END_S:-600}) - 60) / 60))") --out $J/rows.jsonl > $J/jpptau.txt 2>&1
@@ -217,6 +218,11 @@ phase_kernels() {
     timeout ${AP_BENCH_S:-150} python3 scripts/bench_attention_plan.py --out $K/attention_plan.json > $K/attention_plan.txt 2>&1
     tail -32 $K/attention_plan.txt
   fi
+  if [ "${TB_BENCH:-1}" = 1 ]; then
+    log "bench_top_b_tree (the top-B tree kernel's warp counts)"
+    timeout ${TB_BENCH_S:-90} python3 scripts/bench_top_b_tree.py --out $K/top_b_tree.json > $K/top_b_tree.txt 2>&1
+    tail -24 $K/top_b_tree.txt
+  fi
   local level
   level=$(python3 - $K/bench_step.json <<'EOF'
 import json, sys
@@ -224,7 +230,11 @@ try:
     rows = [r for r in json.load(open(sys.argv[1]))["rows"] if "error" not in r and r["shape"].startswith("smollm2")]
 except (OSError, ValueError, KeyError):
     rows = []
-ms = {r["ops"]: r["ar_ms"] for r in rows if r["attention"] == "triton"}
+ms = {}  # the median over --rounds of each level's AR step
+for r in rows:
+    if r["attention"] == "triton":
+        ms.setdefault(r["ops"], []).append(r["ar_ms"])
+ms = {k: sorted(v)[len(v) // 2] for k, v in ms.items()}
 print("gemm" if "gemm" in ms and "elementwise" in ms and ms["gemm"] < ms["elementwise"] else "elementwise")
 EOF
 )

@@ -264,7 +264,7 @@ class SpecDecoder:
             ids = torch.tensor([prompt], dtype=torch.long, device=device)
             pos = torch.arange(len(prompt), device=device)[None]
             out = target.forward(ids, pos, cache, None, taps, logits_rows="last", kv_len=len(prompt))
-            self._raise_if_nonfinite(self.check_finite and not bool(torch.isfinite(out.logits).all()), "prefill")
+            self._raise_if_nonfinite(self.check_finite and not bool(all_finite(out.logits)), "prefill")
             cache.advance(len(prompt))
             first = self.verifier.verify(DraftTree.root_only(prompt[-1], device), out.logits[0], sampling, rng)
         else:  # the prompt's teacher-forced states and the reference's first token
@@ -378,7 +378,7 @@ class SpecDecoder:
         tree's tokens, a branching drafter's flag, the finite flag (and the tree and the forward's
         output, for the host)."""
         # 1 = every logit finite (the cat promotes the flag to int64)
-        finite = torch.isfinite(out.logits).all().view(1) if self.check_finite else acc.count.new_ones(1)
+        finite = all_finite(out.logits).view(1) if self.check_finite else acc.count.new_ones(1)
         parts = [acc.packed, tree.tokens]  # the tokens before the anchor (AR's tree token) moves on
         self.cache.commit_packed(acc.path, acc.count)
         if self.drafter is not None and self.device_drafting:
@@ -481,7 +481,7 @@ class SpecDecoder:
             tree, out = self._verify_forward(tree, state)
         self._foresee(state, tree)
         clock.switch("verify")
-        self._raise_if_nonfinite(self.check_finite and not bool(torch.isfinite(out.logits).all()), f"round {len(clock.rounds)}")
+        self._raise_if_nonfinite(self.check_finite and not bool(all_finite(out.logits)), f"round {len(clock.rounds)}")
         res = self.verifier.verify(tree, out.logits[0], sampling, rng)
         clock.switch("commit")
         self.cache.commit(res.path)
@@ -550,6 +550,14 @@ class SpecDecoder:
             raise NonFiniteLogitsError(
                 f"the target produced NaN/inf logits in the {where} forward: check the weights and dtype "
                 f"(bf16/fp16 overflow?), or load the target in float32")
+
+
+def all_finite(logits: Tensor) -> Tensor:
+    """0-d bool on the logits' device: no NaN or inf among them. One fp32 sum instead of isfinite + all (a
+    bool tensor the size of the logits and a second reduction: ~13 us a round on the H200 at 65 x 49k): NaN and
+    inf propagate through the sum; a sum of finite logits that overflows fp32 (|logits| ~ 1e31) reads as
+    non-finite too, which raises rather than hides."""
+    return torch.isfinite(logits.sum(dtype=torch.float32))
 
 
 def _follow_reference(tree: DraftTree, reference: TeacherForced, n: int,

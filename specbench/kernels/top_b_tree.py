@@ -157,7 +157,8 @@ def tree_size(depth: int, width: int, budget: int) -> int:
 class TopBTree:
     """The kernel with its pair table and scratch allocated once per (budget, width, device)."""
 
-    def __init__(self, budget: int, width: int, device: torch.device, use_topk: bool | None = None) -> None:
+    def __init__(self, budget: int, width: int, device: torch.device, use_topk: bool | None = None,
+                 num_warps: int | None = None) -> None:
         if budget < 1 or width < 1:
             raise ValueError(f"budget and width must be >= 1, got {budget}, {width}")
         self.budget, self.width = budget, min(width, budget)
@@ -166,6 +167,7 @@ class TopBTree:
         self.rank = torch.from_numpy(rank).to(device=device, dtype=torch.int32)
         self.m_pad = triton.next_power_of_2(max(len(place), 2))
         self.use_topk = hasattr(tl, "topk") if use_topk is None else use_topk  # keep only the best, not sort all
+        self.num_warps = num_warps  # None: 4, or 8 past 1,024 beam entries (scripts/bench_top_b_tree.py times others)
 
     def __call__(self, anchor: Tensor, tokens: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """anchor [1], tokens/logp [D, K] -> (tokens, parents, depth [N] int64, scores [N] float32)."""
@@ -200,5 +202,5 @@ class TopBTree:
                                      B=b, M_PAD=self.m_pad, T_PAD=t_pad,
                                      B_PAD=min(self.m_pad, max(2, triton.next_power_of_2(b))),
                                      N_PAD=min(t_pad, max(2, triton.next_power_of_2(nodes))), USE_TOPK=self.use_topk,
-                                     num_warps=4 if t_pad <= 1024 else 8)
+                                     num_warps=self.num_warps or (4 if t_pad <= 1024 else 8))
         return out_tok, out_par, out_dep, out_score

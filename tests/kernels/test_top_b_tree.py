@@ -47,6 +47,16 @@ def test_kernel_equals_build_top_b(device, use_topk, depth, vocab, budget, ties)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("warps", [1, 2, 8, 16])
+def test_kernel_at_other_warp_counts_equals_build_top_b(cuda, warps) -> None:
+    """The launch's warp count (what scripts/bench_top_b_tree.py sweeps) changes no tree."""
+    tok, lp, ref = _reference(15, 49152, 64, 0, False)
+    got = TopBTree(64, 64, torch.device(cuda), num_warps=warps)(torch.tensor([5], device=cuda), tok.to(cuda), lp.to(cuda))
+    for a, b in zip(got[:3], (ref.tokens, ref.parents, ref.depth)):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("depth, vocab, budget", [(15, 49152, 64), (15, 49152, 256), (15, 151936, 16)])
 def test_kernel_equals_build_top_b_full_size(cuda, depth, vocab, budget) -> None:
     got, ref = _case(depth, vocab, budget, 0, False, cuda)

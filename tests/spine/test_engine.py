@@ -9,7 +9,7 @@ import torch
 
 from specbench.config import ConfigError, SamplingConfig, SpecConfig
 from specbench.drafters.base import Drafter, DraftState
-from specbench.engine import NonFiniteLogitsError, SpecDecoder
+from specbench.engine import NonFiniteLogitsError, SpecDecoder, all_finite
 from specbench.models import load_target
 from specbench.models.loader import ModelLoadError
 from specbench.trees import TREE_POLICIES
@@ -145,6 +145,19 @@ def test_nan_logits_name_the_round(tiny) -> None:
     target.model.forward = poisoned  # test-local instance patch
     with pytest.raises(NonFiniteLogitsError, match="round 2"):
         SpecDecoder(target, SpecConfig(), max_seq_len=64).generate([1, 2, 3], 10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_all_finite_flags_any_nan_or_inf(dtype) -> None:
+    logits = torch.randn(1, 5, 300).mul(30).to(dtype)
+    assert bool(all_finite(logits))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        poisoned = logits.clone()
+        poisoned[0, 3, 17] = bad
+        assert not bool(all_finite(poisoned)), bad
+    both = logits.clone()
+    both[0, 0, 0], both[0, 1, 1] = float("inf"), -float("inf")  # inf - inf is NaN: still flagged
+    assert not bool(all_finite(both))
 
 
 def test_missing_gguf_and_bad_checksum(tmp_path, monkeypatch) -> None:
