@@ -7,7 +7,8 @@ chunk sizes, with `tl.topk` and with a full `tl.sort`, against the packed-key pa
 Rows are log-softmaxed bf16-rounded logits over SmolLM2's 49,152-token vocabulary (ties at every cut);
 every variant is first checked equal (ids and values) to the reference on fresh rows. Times are CUDA-graph
 replays (`triton.testing.do_bench_cudagraph`, median): what a captured round pays. The shapes are the
-round's: ddtree's table at budgets 16/64/256 (15 depths), jetspec-tree's node rows, jetspec++'s decoder rows.
+round's: ddtree's table at budgets 16/64/256 (15 depths), jetspec-tree's node rows, jetspec++'s decoder rows; and
+eagle3's per-depth rows over its 4,096-token draft vocabulary, where the stable sort (`ranked_topk_sorted`) is timed too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 
 SHAPES = [(15, 64, "ddtree/64 table"), (15, 16, "ddtree/16 table"), (15, 256, "ddtree/256 table"),
           (65, 8, "jetspec-tree node rows"), (16, 16, "16 block rows")]
+DRAFT_VOCAB = 4096  # eagle3's draft vocabulary: its per-depth rows, ranked by one stable sort today (SORT_MAX_WIDTH)
+DRAFT_SHAPES = [(1, 8, "eagle3 root row"), (8, 8, "eagle3 frontier rows"), (16, 16, "eagle3 16 frontier rows")]
 
 
 def main() -> None:
@@ -29,7 +32,7 @@ def main() -> None:
     from triton.testing import do_bench_cudagraph
 
     from specbench.kernels.ranked_topk import ranked_topk_triton
-    from specbench.trees.ranking import ranked_topk_keys
+    from specbench.trees.ranking import ranked_topk_keys, ranked_topk_sorted
 
     variants = {"keys+torch.topk (before)": ranked_topk_keys,
                 "float torch.topk (no tie rule)": lambda x, k: torch.topk(x, k, dim=-1)}
@@ -37,13 +40,15 @@ def main() -> None:
         variants[f"triton topk chunk {chunk}"] = lambda x, k, c=chunk: ranked_topk_triton(x, k, chunk=c, use_topk=True)
     variants["triton sort chunk 2048"] = lambda x, k: ranked_topk_triton(x, k, chunk=2048, use_topk=False)
     variants["ranked_topk (default)"] = lambda x, k: ranked_topk_triton(x, k)
+    variants["stable sort (ranked_topk_sorted)"] = ranked_topk_sorted
     rows_out = []
     g = torch.Generator().manual_seed(0)
-    for rows, k, what in SHAPES:
-        logits = (4 * torch.randn(rows, args.vocab, generator=g)).bfloat16().float()
+    shapes = [(r, k, what, args.vocab) for r, k, what in SHAPES] + [(r, k, what, DRAFT_VOCAB) for r, k, what in DRAFT_SHAPES]
+    for rows, k, what, vocab in shapes:
+        logits = (4 * torch.randn(rows, vocab, generator=g)).bfloat16().float()
         x = torch.log_softmax(logits, -1).cuda()
         want_vals, want_ids = ranked_topk_keys(x, k)
-        line = {"rows": rows, "k": k, "what": what}
+        line = {"rows": rows, "k": k, "what": what, "vocab": vocab}
         for name, fn in variants.items():
             try:
                 vals, ids = fn(x, k)
@@ -54,7 +59,7 @@ def main() -> None:
             except Exception as e:  # a variant that does not compile on this Triton: say so, go on
                 line[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         rows_out.append(line)
-        print(f"[{rows}, {args.vocab}] k={k} ({what}):")
+        print(f"[{rows}, {vocab}] k={k} ({what}):")
         for name in variants:
             r = line[name]
             print(f"   {name:32s} " + (f"{r['us']:8.1f} us  equal={r['equal']}" if "us" in r else r["error"]))
