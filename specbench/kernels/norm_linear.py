@@ -8,9 +8,10 @@ rows (1 .. ~130) the element-wise work is free inside the product:
   so one pass over K multiplies the A tiles (x + delta) * w_n and accumulates the rows' sums of squares
   beside the product; the row scale is applied to the fp32 accumulator at the end. The normed
   activations never go through memory, and there is no second pass for the statistics.
-- the MLP (`add_rmsnorm_mlp`): the same prologue, the gate and the up rows of the program's slice in two
-  accumulators, SiLU*up as the epilogue, so the [M, 2I] gate/up output is never written; then the down
-  product.
+- the MLP (`add_rmsnorm_mlp`): the gate and the up rows of the program's slice in two accumulators,
+  SiLU*up as the epilogue, so the [M, 2I] gate/up output is never written; then the down product. The
+  norm runs before it in its own kernel (A tiles are plain loads), or, timed as an option, as the same
+  prologue as above.
 - SiLU*up before the down product (`silu_mul_linear`) as the prologue of its A tiles (used for one row).
 
 The row tile BLOCK_M (16 .. 128) covers M in one or two tiles, so each program reads its BLOCK_N x K
@@ -204,12 +205,15 @@ def _add_rmsnorm_linear_kernel(X, Delta, NormW, W, Bias, Y, Resid, M, N, K, M_BU
 def _add_rmsnorm_gate_up_silu_kernel(X, Delta, NormW, W, Act, Resid, M, N, K, M_BUCKET, eps,
                                      stride_x, stride_d, stride_r, stride_w, stride_a,
                                      HAS_DELTA: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                     HAS_NORM: tl.constexpr = True):
     """act [M, N] = silu(gate) * up of [gate | up] = (RMSNorm(x + delta) * norm_w) @ W.T, W = [W_gate; W_up]
     [2N, K]: each program multiplies its A tiles by the gate rows and the up rows of its N-slice (two
     accumulators, one pass over K as in `_add_rmsnorm_linear_kernel`), so the [M, 2N] product never
     goes through memory and the SiLU*up kernel disappears. gate and up are rounded to the dtype before
-    the activation, as the unfused product's output is."""
+    the activation, as the unfused product's output is. HAS_NORM False: X is the normed stream already
+    (the RMSNorm kernel ran before), each A tile is loaded as it is (Triton's pipelined operand path: no
+    element-wise prologue), and only the SiLU*up epilogue is fused."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m, pid_n = pid % num_m, pid // num_m
@@ -223,18 +227,23 @@ def _add_rmsnorm_gate_up_silu_kernel(X, Delta, NormW, W, Act, Resid, M, N, K, M_
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         ok = row_ok[:, None] & k_ok[None, :]
-        scaled, sq = _scaled_stream_tile(X, Delta, NormW, Resid, rows, ks, k_ok, ok, pid_n == 0,
-                                         stride_x, stride_d, stride_r, HAS_DELTA)
-        ss += sq
-        a = scaled.to(W.dtype.element_ty)
+        if HAS_NORM:
+            scaled, sq = _scaled_stream_tile(X, Delta, NormW, Resid, rows, ks, k_ok, ok, pid_n == 0,
+                                             stride_x, stride_d, stride_r, HAS_DELTA)
+            ss += sq
+            a = scaled.to(W.dtype.element_ty)
+        else:
+            a = tl.load(X + rows[:, None] * stride_x + ks[None, :], mask=ok, other=0.0)
         w_ok = col_ok[:, None] & k_ok[None, :]
         wg = tl.load(W + cols[:, None] * stride_w + ks[None, :], mask=w_ok, other=0.0)
         wu = tl.load(W + (N + cols)[:, None] * stride_w + ks[None, :], mask=w_ok, other=0.0)
         acc_g = _dot(a, wg, acc_g, PRECISION, UPCAST)
         acc_u = _dot(a, wu, acc_u, PRECISION, UPCAST)
-    inv = (1.0 / tl.sqrt(ss / K + eps))[:, None]
-    gate = (acc_g * inv).to(Act.dtype.element_ty)
-    up = (acc_u * inv).to(Act.dtype.element_ty)
+    if HAS_NORM:
+        inv = (1.0 / tl.sqrt(ss / K + eps))[:, None]
+        acc_g, acc_u = acc_g * inv, acc_u * inv
+    gate = acc_g.to(Act.dtype.element_ty)
+    up = acc_u.to(Act.dtype.element_ty)
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # F.silu rounds its output to the input dtype
     tl.store(Act + rows[:, None] * stride_a + cols[None, :], (act.to(tl.float32) * up.to(tl.float32)).to(Act.dtype.element_ty),
@@ -396,12 +405,15 @@ def silu_mul_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
 
 
 def add_rmsnorm_mlp(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, gate_up_weight: Tensor,
-                    down_weight: Tensor) -> tuple[Tensor, Tensor]:
+                    down_weight: Tensor, norm_in_product: bool = False) -> tuple[Tensor, Tensor]:
     """The MLP block on the residual stream: (y, resid), resid = x + delta, y = down(silu(gate) * up) of
     [gate | up] = (RMSNorm(resid) * norm_weight) @ gate_up_weight.T. x, delta [..., K]; gate_up_weight
     [2I, K] (gate rows, then up rows); down_weight [N, I]. One row: two matrix-vector kernels (the norm
-    in the first, SiLU*up in the second). More rows: the norm, the gate/up product and SiLU*up in one
-    kernel (`_add_rmsnorm_gate_up_silu_kernel`), then cuBLAS for the down product."""
+    in the first, SiLU*up in the second). More rows: the add+RMSNorm kernel, then the gate/up product with
+    SiLU*up as its epilogue (`_add_rmsnorm_gate_up_silu_kernel`, HAS_NORM False: the [M, 2I] product never
+    goes through memory, the A tiles are plain loads), then cuBLAS for the down product.
+    `norm_in_product`: the norm in the product's prologue instead (one kernel for norm + gate/up + SiLU*up;
+    slower on the H200 at 17 and 65 rows, kept to be timed: scripts/bench_norm_linear.py)."""
     require_kernel_device(x)
     _check(x, gate_up_weight, delta, norm_weight, down_weight)
     k, inter = x.shape[-1], gate_up_weight.shape[0] // 2
@@ -413,15 +425,24 @@ def add_rmsnorm_mlp(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: f
     if m == 1 and gate_up_weight.is_contiguous():
         gate_up, resid = add_rmsnorm_linear(x, delta, norm_weight, eps, gate_up_weight)
         return silu_mul_linear(gate_up, down_weight), resid
-    dl = rows if delta is None else _rows(delta)
-    resid = rows if delta is None else torch.empty_like(rows)
     act = torch.empty(m, inter, dtype=x.dtype, device=x.device)  # [M, I]
-    _add_rmsnorm_gate_up_silu_kernel[_grid(m, inter)](
-        rows, dl, norm_weight, gate_up_weight, act, resid, m, inter, k, _bucket(m), eps,
-        rows.stride(0), dl.stride(0), resid.stride(0), gate_up_weight.stride(0), act.stride(0),
-        HAS_DELTA=delta is not None, **_precision(x.dtype))
+    if norm_in_product:
+        dl = rows if delta is None else _rows(delta)
+        resid = rows if delta is None else torch.empty_like(rows)
+        _add_rmsnorm_gate_up_silu_kernel[_grid(m, inter)](
+            rows, dl, norm_weight, gate_up_weight, act, resid, m, inter, k, _bucket(m), eps,
+            rows.stride(0), dl.stride(0), resid.stride(0), gate_up_weight.stride(0), act.stride(0),
+            HAS_DELTA=delta is not None, **_precision(x.dtype))
+        resid_out = x if delta is None else resid.view(x.shape)
+    else:
+        h, resid_out = rmsnorm(x, norm_weight, eps, delta)
+        hr = _rows(h)  # [M, K] normed
+        _add_rmsnorm_gate_up_silu_kernel[_grid(m, inter)](
+            hr, hr, norm_weight, gate_up_weight, act, hr, m, inter, k, _bucket(m), eps,
+            hr.stride(0), hr.stride(0), hr.stride(0), gate_up_weight.stride(0), act.stride(0),
+            HAS_DELTA=False, HAS_NORM=False, **_precision(x.dtype))
     y = F.linear(act, down_weight)
-    return y.view(*x.shape[:-1], y.shape[-1]), (x if delta is None else resid.view(x.shape))
+    return y.view(*x.shape[:-1], y.shape[-1]), resid_out
 
 
 def add_rmsnorm_then_linear(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,

@@ -57,11 +57,12 @@ def test_silu_mul_linear_matches_reference(device, dtype, m) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 5, 17, 33])
+@pytest.mark.parametrize("m, norm_in_product", [(1, False), (5, False), (17, False), (33, False), (5, True), (33, True)])
 @pytest.mark.parametrize("with_delta", [False, True])
-def test_add_rmsnorm_mlp_matches_reference(device, dtype, m, with_delta) -> None:
-    """The MLP block: one row through the two matrix-vector kernels, more through the gate/up+SiLU kernel and
-    cuBLAS; I = 40 is not a multiple of the interpreter's BLOCK_N, K = 72 not of its BLOCK_K."""
+def test_add_rmsnorm_mlp_matches_reference(device, dtype, m, norm_in_product, with_delta) -> None:
+    """The MLP block: one row through the two matrix-vector kernels, more through the RMSNorm kernel, the gate/up
+    product with its SiLU*up epilogue and cuBLAS (or the norm in the product's prologue: `norm_in_product`); I = 40
+    is not a multiple of the interpreter's BLOCK_N, K = 72 not of its BLOCK_K."""
     g = torch.Generator().manual_seed(100 + m * 2 + with_delta)
     inter, out = N, 24
     x = _randn(g, 1, m, K, dtype=dtype, device=device, scale=4.0)  # a large stream: the row scale matters
@@ -69,7 +70,7 @@ def test_add_rmsnorm_mlp_matches_reference(device, dtype, m, with_delta) -> None
     nw = (1 + _randn(g, K, dtype=torch.float32, device=device, scale=0.1)).to(dtype)
     w_gu = _randn(g, 2 * inter, K, dtype=dtype, device=device, scale=2 * K ** -0.5)
     w_down = _randn(g, out, inter, dtype=dtype, device=device, scale=inter ** -0.5)
-    y, resid = add_rmsnorm_mlp(x, delta, nw, 1e-5, w_gu, w_down)
+    y, resid = add_rmsnorm_mlp(x, delta, nw, 1e-5, w_gu, w_down, norm_in_product)
     y_ref, resid_ref = add_rmsnorm_mlp_reference(x, delta, nw, 1e-5, w_gu, w_down)
     assert y.shape == (1, m, out) and y.dtype == dtype
     assert rel_err(y, y_ref) <= TOL[dtype]
