@@ -206,7 +206,7 @@ phase_kernels() {
     tail -4 $K/tests.txt
   fi
   log "bench_step"
-  timeout ${BENCH_S:-180} python3 scripts/bench_step.py --shapes smollm2-135m-shape,qwen3-8b-shape \
+  timeout ${BENCH_S:-180} python3 scripts/bench_step.py --shapes ${BENCH_SHAPES:-smollm2-135m-shape,qwen3-8b-shape} \
     --variants ${BENCH_VARIANTS:-elementwise/triton,gemm/triton} ${BENCH_ARGS:-} --out $K/bench_step.json > $K/bench_step.txt 2>&1
   grep -v "^ *$" $K/bench_step.txt | tail -30
   if [ "${NL_BENCH:-1}" = 1 ]; then
