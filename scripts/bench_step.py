@@ -80,21 +80,24 @@ def time_graph(fn, repeats: int) -> float:
 
 
 def graph_timeline(kernels: list[tuple[str, int, int]], replays: int, top: int = 8) -> dict:
-    """Where a graph replay's time goes, from the device kernels of `replays` back-to-back-synchronized replays
-    (name, start ns, duration ns): per replay the kernel count, busy time (kernels' sum), span (first start to last
-    end) and gaps (span - busy), and per kernel name its calls, mean duration and mean gap before it (within a
-    replay), the `top` by total gap first. Times in microseconds."""
+    """Where a graph replay's time goes, from the device activities (kernels, memcpy, memset) of `replays`
+    back-to-back-synchronized replays (name, start ns, duration ns): per replay the node count, busy time (their
+    sum), span (first start to last end) and gaps (span - busy); per name its calls, mean duration and mean gap
+    before it (within a replay), the `top` by total gap first; and the first replay's largest gaps with the
+    nodes on either side. Times in microseconds."""
     kernels = sorted(kernels, key=lambda k: k[1])
     if replays < 1 or not kernels or len(kernels) % replays:
         raise ValueError(f"graph_timeline: {len(kernels)} kernels do not split into {replays} equal replays")
     per = len(kernels) // replays
-    spans, busy, stats = [], [], {}
+    spans, busy, stats, big = [], [], {}, []
     for r in range(replays):
         run = kernels[r * per:(r + 1) * per]
         spans.append((run[-1][1] + run[-1][2] - run[0][1]) / 1e3)
         busy.append(sum(k[2] for k in run) / 1e3)
         for i, (name, start, dur) in enumerate(run):
             gap = 0.0 if i == 0 else max(0.0, (start - run[i - 1][1] - run[i - 1][2]) / 1e3)
+            if i and r == 0:
+                big.append((gap, run[i - 1][0][:60], name[:60], i))
             s = stats.setdefault(name[:60], [0, 0.0, 0.0])
             s[0] += 1
             s[1] += dur / 1e3
@@ -103,7 +106,9 @@ def graph_timeline(kernels: list[tuple[str, int, int]], replays: int, top: int =
     return {"kernels_per_replay": per, "span_us": statistics.median(spans), "busy_us": statistics.median(busy),
             "gap_us": statistics.median(s - b for s, b in zip(spans, busy)),
             "by_gap": [{"kernel": n, "calls_per_replay": c / replays, "mean_us": d / c, "mean_gap_before_us": g / c}
-                       for n, (c, d, g) in by_gap]}
+                       for n, (c, d, g) in by_gap],
+            "largest_gaps": [{"gap_us": g, "after": a, "before": b, "index": i}  # in the first replay
+                             for g, a, b, i in sorted(big, reverse=True)[:top // 2]]}
 
 
 def trace_graph(fn, replays: int = 5) -> dict:
@@ -117,17 +122,18 @@ def trace_graph(fn, replays: int = 5) -> dict:
             fn()
             torch.cuda.synchronize()
     kernels = [(e.name(), e.start_ns(), e.duration_ns()) for e in prof.profiler.kineto_results.events()
-               if e.device_type() == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name().lower()
-               and "memset" not in e.name().lower()]
+               if e.device_type() == torch.autograd.DeviceType.CUDA]  # kernels, memcpy and memset nodes alike
     return graph_timeline(kernels, replays)
 
 
 def print_timeline(label: str, t: dict) -> None:
-    print(f"-- {label}: graph replay timeline: {t['kernels_per_replay']} kernels, span {t['span_us']:.1f} us, "
+    print(f"-- {label}: graph replay timeline: {t['kernels_per_replay']} nodes, span {t['span_us']:.1f} us, "
           f"kernels busy {t['busy_us']:.1f} us, gaps {t['gap_us']:.1f} us")
     for k in t["by_gap"]:
         print(f"     {k['kernel']:<60} {k['calls_per_replay']:>5.0f} calls  {k['mean_us']:6.2f} us each  "
               f"{k['mean_gap_before_us']:5.2f} us gap before")
+    for g in t["largest_gaps"]:
+        print(f"     gap {g['gap_us']:7.1f} us at node {g['index']}: after {g['after']} / before {g['before']}")
 
 
 def bench_variant(model, cache, ops: str, attention: str, context: int, tree: DraftTree, repeats: int,

@@ -413,7 +413,9 @@ def add_rmsnorm_mlp(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: f
     SiLU*up as its epilogue (`_add_rmsnorm_gate_up_silu_kernel`, HAS_NORM False: the [M, 2I] product never
     goes through memory, the A tiles are plain loads), then cuBLAS for the down product.
     `norm_in_product`: the norm in the product's prologue instead (one kernel for norm + gate/up + SiLU*up;
-    slower on the H200 at 17 and 65 rows, kept to be timed: scripts/bench_norm_linear.py)."""
+    slower on the H200 at 17 and 65 rows, kept to be timed: scripts/bench_norm_linear.py). fp32 on CUDA
+    always takes that path: the plain-load kernel's pipelined fp32 tiles of 64-128 rows ask more shared
+    memory than an H200 has (255 KB of 227, 2026-12-03), while the prologue keeps its loads in registers."""
     require_kernel_device(x)
     _check(x, gate_up_weight, delta, norm_weight, down_weight)
     k, inter = x.shape[-1], gate_up_weight.shape[0] // 2
@@ -426,7 +428,7 @@ def add_rmsnorm_mlp(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: f
         gate_up, resid = add_rmsnorm_linear(x, delta, norm_weight, eps, gate_up_weight)
         return silu_mul_linear(gate_up, down_weight), resid
     act = torch.empty(m, inter, dtype=x.dtype, device=x.device)  # [M, I]
-    if norm_in_product:
+    if norm_in_product or (x.is_cuda and x.dtype == torch.float32):  # fp32 on CUDA: see the docstring
         dl = rows if delta is None else _rows(delta)
         resid = rows if delta is None else torch.empty_like(rows)
         _add_rmsnorm_gate_up_silu_kernel[_grid(m, inter)](

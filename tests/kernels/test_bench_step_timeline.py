@@ -33,6 +33,8 @@ def test_timeline_of_two_replays() -> None:
     assert by["a"]["mean_gap_before_us"] == pytest.approx((0 + 4 + 0 + 4) / 4)  # the first of a replay has none
     assert by["b"]["mean_gap_before_us"] == pytest.approx((1 + 2) / 2)
     assert [k["kernel"] for k in t["by_gap"]] == ["a", "b"]  # by total gap: a 8 us, b 3 us
+    assert [(g["after"], g["before"], g["index"]) for g in t["largest_gaps"]] == [("b", "a", 2), ("a", "b", 1)]
+    assert t["largest_gaps"][0]["gap_us"] == pytest.approx(4.0)
 
 
 def test_timeline_refuses_uneven_replays() -> None:
