@@ -43,7 +43,7 @@ def main() -> None:
     variants["stable sort (ranked_topk_sorted)"] = ranked_topk_sorted
     rows_out = []
     g = torch.Generator().manual_seed(0)
-    shapes = [(r, k, what, args.vocab) for r, k, what in SHAPES] + [(r, k, what, DRAFT_VOCAB) for r, k, what in DRAFT_SHAPES]
+    shapes = [(r, k, what, DRAFT_VOCAB) for r, k, what in DRAFT_SHAPES] + [(r, k, what, args.vocab) for r, k, what in SHAPES]
     for rows, k, what, vocab in shapes:
         logits = (4 * torch.randn(rows, vocab, generator=g)).bfloat16().float()
         x = torch.log_softmax(logits, -1).cuda()

@@ -5,7 +5,12 @@ same run, for each kernel configuration (issue 13's AR baseline).
 
 For each shape (random weights, bf16): the KV cache is filled to the context with random K/V, then the
 forward of 1 token (an AR step) and of a 65-node tree (budget 64) is captured in a CUDA graph and
-replayed; time = median over replays (CUDA events, after warm-up). Bound = (weight bytes + K/V bytes the
+replayed; time = median over replays (CUDA events, after warm-up), each replay synchronized (latency, what a
+round with one host read per round pays), and, beside it, per replay of ten issued back to back ("b2b": the host's
+graph launch hidden behind the replay before it). On the H200 the synchronized step varied by up to 0.3 ms between
+runs of the same graph (0.80 vs 1.04-1.08 ms for SmolLM2's gemm-level AR step, 2026-12-03): `--trace` put that time
+in one gap between the eager input copies and the graph's first kernel, a gap that grows with the graph's
+nodes. Bound = (weight bytes + K/V bytes the
 step reads) / the device-to-device copy bandwidth measured in the same run (bytes read + written).
 Variants: the layer ops' fusion level (`Transformer.set_fused`: "gemm" = add+RMSNorm and SiLU*up fused
 into the following matrix product where timed faster per shape, "elementwise" = today's element-wise
@@ -77,6 +82,24 @@ def time_graph(fn, repeats: int) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)  # ms
+
+
+def time_back_to_back(fn, repeats: int, batch: int = 10) -> float:
+    """ms per call of `fn` issued `batch` at a time with no sync between them (median over batches): the host's
+    launch of each replay overlaps the replay before it, so a slow graph launch (whose cost grows with the graph's
+    nodes) does not show, as it does in `time_graph`'s synchronized steps."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(max(1, repeats // batch)):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(batch):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / batch)
+    return statistics.median(times)
 
 
 def graph_timeline(kernels: list[tuple[str, int, int]], replays: int, top: int = 8) -> dict:
@@ -152,6 +175,7 @@ def bench_variant(model, cache, ops: str, attention: str, context: int, tree: Dr
 
         cache.lengths.fill_(context)
         row[f"{label}_ms"] = time_graph(step, repeats)
+        row[f"{label}_b2b_ms"] = time_back_to_back(step, repeats)
         if n == 1:
             logits = step().logits[0, 0].float().clone()
         if trace:
@@ -209,7 +233,8 @@ def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool,
                    ar_logits_rel_err=float((logits - first_logits).norm() / first_logits.norm()))
         rows.append(row)
         print(f"{shape:>20} {ops:>11} {attention:>6} #{rnd}: AR {row['ar_ms']:.3f} ms ({row['ar_tok_s']:.0f} tok/s, "
-              f"{row['pct_of_bound']:.0f}% of the {bound_ms:.3f} ms bound), verify(65) {row['verify65_ms']:.3f} ms "
+              f"{row['pct_of_bound']:.0f}% of the {bound_ms:.3f} ms bound; back to back {row['ar_b2b_ms']:.3f} ms), verify(65) "
+              f"{row['verify65_ms']:.3f} ms (back to back {row['verify65_b2b_ms']:.3f}) "
               f"= {row['verify_over_ar']:.2f}x AR; AR logits vs {variants[0][0]}/{variants[0][1]}: rel err "
               f"{row['ar_logits_rel_err']:.1e}", flush=True)
         for c in row.get("gemm_choices", []):

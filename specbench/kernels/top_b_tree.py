@@ -167,7 +167,10 @@ class TopBTree:
         self.rank = torch.from_numpy(rank).to(device=device, dtype=torch.int32)
         self.m_pad = triton.next_power_of_2(max(len(place), 2))
         self.use_topk = hasattr(tl, "topk") if use_topk is None else use_topk  # keep only the best, not sort all
-        self.num_warps = num_warps  # None: 4, or 8 past 1,024 beam entries (scripts/bench_top_b_tree.py times others)
+        # None: 8 warps once the pair table has 512 or more slots (B >= ~40: ddtree/64's 303 pairs), else 4. On the
+        # H200 (scripts/bench_top_b_tree.py, 2026-12-03) B = 64 took 52.8 us at 4 warps, 40.9 at 8, 44.8 at 16;
+        # B = 16 16.7 us at 4, 17.8 at 8
+        self.num_warps = num_warps or (8 if self.m_pad >= 512 else 4)
 
     def __call__(self, anchor: Tensor, tokens: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """anchor [1], tokens/logp [D, K] -> (tokens, parents, depth [N] int64, scores [N] float32)."""
@@ -202,5 +205,5 @@ class TopBTree:
                                      B=b, M_PAD=self.m_pad, T_PAD=t_pad,
                                      B_PAD=min(self.m_pad, max(2, triton.next_power_of_2(b))),
                                      N_PAD=min(t_pad, max(2, triton.next_power_of_2(nodes))), USE_TOPK=self.use_topk,
-                                     num_warps=self.num_warps or (4 if t_pad <= 1024 else 8))
+                                     num_warps=self.num_warps)
         return out_tok, out_par, out_dep, out_score
