@@ -112,7 +112,8 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
 
     pairs: list[tuple[Any, str, Any]] = [
         (model, "ops", decoder.LayerOps(*(shadow(getattr(ref, f), getattr(ops, f)) for f in
-                                          ("norm", "qkv_rope", "silu_mul", "add_rmsnorm_linear", "add_rmsnorm_mlp")))),
+                                          ("norm", "qkv_rope", "silu_mul", "add_rmsnorm_linear", "add_rmsnorm_mlp",
+                                           "add_rmsnorm_qkv_rope")))),
         (model, "_attend", shadow(decoder.sdpa_attention, triton_tree_attention)),
         (model, "attention", "triton"),  # eagle3 takes its Triton branch (context_attention)
         (tree_attention, "context_attention", shadow(context_reference, tree_attention.context_attention)),

@@ -122,6 +122,18 @@ def qkv_rope_reference(qkv: Tensor, cos: Tensor, sin: Tensor, n_heads: int, n_kv
     return rope(norm(q, q_norm)).transpose(1, 2) if n_heads > 0 else None
 
 
+def add_rmsnorm_qkv_rope_reference(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
+                                   bias: Tensor | None, cos: Tensor, sin: Tensor, n_heads: int, n_kv: int,
+                                   head_dim: int, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
+                                   q_norm: Tensor | None = None, k_norm: Tensor | None = None,
+                                   qk_eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """`specbench.kernels.qkv_rope_linear.add_rmsnorm_qkv_rope` in plain ops: (q [B, H, N, D], x + delta);
+    K/V into the caches at `slots`."""
+    qkv, resid = add_rmsnorm_linear_reference(x, delta, norm_weight, eps, weight, bias)
+    q = qkv_rope_reference(qkv, cos, sin, n_heads, n_kv, head_dim, k_cache, v_cache, slots, q_norm, k_norm, qk_eps)
+    return q, resid
+
+
 def silu_mul_reference(gate_up: Tensor) -> Tensor:
     """gate_up [..., 2I] -> silu(gate) * up [..., I]."""
     gate, up = gate_up.chunk(2, dim=-1)

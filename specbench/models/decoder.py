@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from specbench.kernels.reference import (add_rmsnorm_linear_reference, add_rmsnorm_mlp_reference, qkv_rope_reference,
-                                        rmsnorm_reference, silu_mul_reference)
+from specbench.kernels.reference import (add_rmsnorm_linear_reference, add_rmsnorm_mlp_reference,
+                                        add_rmsnorm_qkv_rope_reference, qkv_rope_reference, rmsnorm_reference,
+                                        silu_mul_reference)
 from specbench.models.config import ModelConfig
 
 
@@ -277,6 +278,8 @@ class LayerOps:
     add_rmsnorm_linear(x, delta, norm_weight, eps, weight, bias) -> (F.linear(norm(x + delta), weight, bias), x + delta)
     add_rmsnorm_mlp(x, delta, norm_weight, eps, w_gate_up, w_down) -> (F.linear(silu_mul(F.linear(norm(x + delta),
         w_gate_up)), w_down), x + delta): the MLP block on the residual stream
+    add_rmsnorm_qkv_rope(x, delta, norm_weight, eps, wqkv, bias, cos, sin, H, Hkv, D, k_cache, v_cache, slots, q_norm,
+        k_norm, qk_eps) -> (qkv_rope(add_rmsnorm_linear(...)), x + delta): the attention block's input
     """
 
     norm: Callable[..., tuple[Tensor, Tensor]]
@@ -284,10 +287,11 @@ class LayerOps:
     silu_mul: Callable[[Tensor], Tensor]
     add_rmsnorm_linear: Callable[..., tuple[Tensor, Tensor]]
     add_rmsnorm_mlp: Callable[..., tuple[Tensor, Tensor]]
+    add_rmsnorm_qkv_rope: Callable[..., tuple[Tensor, Tensor]]
 
 
 REFERENCE_OPS = LayerOps(rmsnorm_reference, qkv_rope_reference, silu_mul_reference, add_rmsnorm_linear_reference,
-                         add_rmsnorm_mlp_reference)
+                         add_rmsnorm_mlp_reference, add_rmsnorm_qkv_rope_reference)
 FUSED_LEVELS = ("reference", "elementwise", "gemm")
 # The default on CUDA (`build_model`): on an H200 the gemm level ran SmolLM2's graphed AR step in 0.994 ms
 # against 1.044 for elementwise in the same run, and chose the unfused path for every Qwen3-8B shape
@@ -302,10 +306,11 @@ def fused_ops(level: str = "elementwise") -> LayerOps:
     into the down product instead; `specbench.kernels.norm_linear`) for the few rows of decode and verify,
     per shape only where timing on the device shows the fused kernel faster (`FasterPerShape`)."""
     from specbench.kernels.fused import qkv_rope, rmsnorm, silu_mul
-    from specbench.kernels import norm_linear as nl
+    from specbench.kernels import norm_linear as nl, qkv_rope_linear as ql
 
     if level == "elementwise":
-        return LayerOps(rmsnorm, qkv_rope, silu_mul, nl.add_rmsnorm_then_linear, nl.add_rmsnorm_mlp_then_linear)
+        return LayerOps(rmsnorm, qkv_rope, silu_mul, nl.add_rmsnorm_then_linear, nl.add_rmsnorm_mlp_then_linear,
+                        ql.add_rmsnorm_qkv_rope_then_split)
     if level != "gemm":
         raise ValueError(f"unknown fused level {level!r}; choose one of {', '.join(FUSED_LEVELS)}")
     from specbench.kernels.per_shape import FasterPerShape
@@ -314,7 +319,9 @@ def fused_ops(level: str = "elementwise") -> LayerOps:
                     FasterPerShape(nl.add_rmsnorm_linear, nl.add_rmsnorm_then_linear, nl.add_rmsnorm_linear_fits,
                                    "add_rmsnorm_linear"),
                     FasterPerShape(nl.add_rmsnorm_mlp, nl.add_rmsnorm_mlp_then_linear, nl.add_rmsnorm_mlp_fits,
-                                   "add_rmsnorm_mlp"))
+                                   "add_rmsnorm_mlp"),
+                    FasterPerShape(ql.add_rmsnorm_qkv_rope, ql.add_rmsnorm_qkv_rope_then_split,
+                                   ql.add_rmsnorm_qkv_rope_fits, "add_rmsnorm_qkv_rope"))
 
 
 class Attention(nn.Module):
@@ -336,16 +343,26 @@ class Attention(nn.Module):
     def split_heads(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
                     ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """`project` from the projection qkv [B, N, (H + 2 Hkv) D] itself (q/k-norm, RoPE, K/V into the caches)."""
-        norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)  # type: ignore[union-attr]
-        eps = self.q_norm.eps if self.q_norm is not None else 1e-6
-        return ops.qkv_rope(qkv, cos, sin, self.n_heads, self.n_kv, self.head_dim, k_cache, v_cache, slots, *norms,
-                            eps=eps)
+        q_norm, k_norm, eps = self.qk_norms()
+        return ops.qkv_rope(qkv, cos, sin, self.n_heads, self.n_kv, self.head_dim, k_cache, v_cache, slots, q_norm,
+                            k_norm, eps=eps)
+
+    def qk_norms(self) -> tuple[Tensor | None, Tensor | None, float]:
+        """(q_norm weight, k_norm weight, their eps): Qwen3's per-head norms, or (None, None, 1e-6)."""
+        if self.q_norm is None:
+            return None, None, 1e-6
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps  # type: ignore[union-attr]
 
     def attend_projected(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                          slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """The attention block's output [B, N, d] from the projection qkv [B, N, (H + 2 Hkv) D]."""
-        b, n, _ = qkv.shape
-        q = self.split_heads(qkv, cos, sin, k_cache, v_cache, slots, ops)
+        return self.attend_heads(self.split_heads(qkv, cos, sin, k_cache, v_cache, slots, ops), k_cache, v_cache,
+                                 meta, attend)
+
+    def attend_heads(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta,
+                     attend: AttentionFn) -> Tensor:
+        """The attention block's output [B, N, d] from q [B, H, N, D] (its K/V already in the caches)."""
+        b, _, n, _ = q.shape
         y = attend(q, k_cache, v_cache, meta, self.scale)  # [B, H, N, D]
         return self.wo(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
 
@@ -379,12 +396,20 @@ class DecoderLayer(nn.Module):
         residual add is fused into the norm that follows it (and, at the "gemm" level, each norm into
         the projection after it, the MLP's element-wise work into its products)."""
         attn, mlp = self.attn, self.mlp
-        qkv, x = ops.add_rmsnorm_linear(x, delta, self.attn_norm.weight, self.attn_norm.eps, attn.wqkv.weight,
-                                        attn.wqkv.bias)
-        a = attn.attend_projected(qkv, cos, sin, k_cache, v_cache, slots, meta, attend, ops)
+        q, x = self.project_heads(x, delta, cos, sin, k_cache, v_cache, slots, ops)
+        a = attn.attend_heads(q, k_cache, v_cache, meta, attend)
         y, x = ops.add_rmsnorm_mlp(x, a, self.mlp_norm.weight, self.mlp_norm.eps, mlp.w_gate_up.weight,
                                    mlp.w_down.weight)
         return x, y
+
+    def project_heads(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, k_cache: Tensor,
+                      v_cache: Tensor, slots: Tensor, ops: LayerOps = REFERENCE_OPS) -> tuple[Tensor, Tensor]:
+        """(q [B, H, N, D], the stream x + delta): the attention block's norm, projection, q/k norm and RoPE,
+        its K/V written into the caches at `slots` (one op: at the "gemm" level one kernel after the norm's)."""
+        attn = self.attn
+        return ops.add_rmsnorm_qkv_rope(x, delta, self.attn_norm.weight, self.attn_norm.eps, attn.wqkv.weight,
+                                        attn.wqkv.bias, cos, sin, attn.n_heads, attn.n_kv, attn.head_dim, k_cache,
+                                        v_cache, slots, *attn.qk_norms())
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:

@@ -50,9 +50,7 @@ def write_layers(layers: Sequence[DecoderLayer], cache: KVCache, x: Tensor, rope
         return
     x, delta = cached_layers(layers[:-1], cache, x, rope, slots, meta, model)
     last, i = layers[-1], len(layers) - 1
-    qkv, _ = model.ops.add_rmsnorm_linear(x, delta, last.attn_norm.weight, last.attn_norm.eps, last.attn.wqkv.weight,
-                                          last.attn.wqkv.bias)  # [1, Q, (H + 2 Hkv) D]
-    last.attn.split_heads(qkv, *rope, cache.k[i], cache.v[i], slots, model.ops)
+    last.project_heads(x, delta, *rope, cache.k[i], cache.v[i], slots, model.ops)  # the layer's own op: the same K/V
 
 
 class SliceDecoder:
