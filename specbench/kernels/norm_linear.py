@@ -20,7 +20,9 @@ weight slice once; row tiles of one slice are neighbouring programs.
 Measured on an H200 (2026-12-03, docs/measurements/README.md): at 17 and 65 rows these row kernels lose to the
 element-wise kernel + cuBLAS (SmolLM2's wqkv 9.1 vs 5.2 us, its MLP block 20.4 vs 12.1 us at 65 rows), while the
 same kernel without its prologue ties cuBLAS: the element-wise work on the A tile is what costs. `FasterPerShape`
-keeps the unfused path wherever they lose; the one-row matrix-vector kernels win (the decode step).
+keeps the unfused path wherever they lose; the one-row matrix-vector kernels win (the decode step). The MLP block
+with the norm in its own kernel and only SiLU*up fused (the epilogue, plain A loads) won at 65 rows in the next
+measurement (11.0-11.7 us against 12.0-12.9 for the unfused block, SmolLM2 shapes, three runs of two holds).
 
 Rounding: the residual add in the stream's dtype as the reference does; the A tile (x + delta) * w_n
 rounded to the dtype (the reference rounds the normed x, then its product with w_n: one rounding less

@@ -56,7 +56,7 @@ def _qkv_rope_linear_kernel(X, W, Bias, Cos, Sin, QW, KW, Q, KC, VC, Slots, M, K
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # token rows b * N + i
     row_ok = rows < M
     d = tl.arange(0, HALF)
-    col_lo = head * 2 * HALF + d  # the head's first half of columns; its rotate-half partners at + HALF
+    col_lo = (head * 2 * HALF + d).to(tl.int64)  # the head's first half of columns; its rotate-half partners at + HALF
     acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
     acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
