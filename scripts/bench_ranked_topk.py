@@ -14,9 +14,13 @@ eagle3's per-depth rows over its 4,096-token draft vocabulary, where the stable 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_variants import measure, report, save  # noqa: E402
 
 SHAPES = [(15, 64, "ddtree/64 table"), (15, 16, "ddtree/16 table"), (15, 256, "ddtree/256 table"),
           (65, 8, "jetspec-tree node rows"), (16, 16, "16 block rows")]
@@ -29,8 +33,6 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--vocab", type=int, default=49152)
     args = p.parse_args()
-    from triton.testing import do_bench_cudagraph
-
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.trees.ranking import ranked_topk_keys, ranked_topk_sorted
 
@@ -50,22 +52,11 @@ def main() -> None:
         want_vals, want_ids = ranked_topk_keys(x, k)
         line = {"rows": rows, "k": k, "what": what, "vocab": vocab}
         for name, fn in variants.items():
-            try:
-                vals, ids = fn(x, k)
-                ok = name.startswith("float") or (torch.equal(ids, want_ids) and torch.equal(vals, want_vals))
-                torch.cuda.synchronize()
-                ms = do_bench_cudagraph(lambda: fn(x, k), rep=50, return_mode="median")
-                line[name] = {"us": round(1000 * ms, 2), "equal": ok}
-            except Exception as e:  # a variant that does not compile on this Triton: say so, go on
-                line[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            line[name] = measure(lambda fn=fn: fn(x, k), lambda got, name=name: name.startswith("float") or (
+                torch.equal(got[1], want_ids) and torch.equal(got[0], want_vals)))
         rows_out.append(line)
-        print(f"[{rows}, {vocab}] k={k} ({what}):")
-        for name in variants:
-            r = line[name]
-            print(f"   {name:32s} " + (f"{r['us']:8.1f} us  equal={r['equal']}" if "us" in r else r["error"]))
-        if args.out:  # after every shape: a run cut by its time limit keeps what it measured
-            with open(args.out, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows_out}, f, indent=1)
+        report(f"[{rows}, {vocab}] k={k} ({what})", line, list(variants))
+        save(args.out, rows_out)
 
 
 if __name__ == "__main__":

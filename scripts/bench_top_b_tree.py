@@ -14,9 +14,13 @@ depths), and jetspec++'s foresight batch (16 trees of budget 16). Times are CUDA
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_variants import measure, report, save  # noqa: E402
 
 SHAPES = [(16, 15, 1, "ddtree/16"), (64, 15, 1, "ddtree/64"), (256, 15, 1, "ddtree/256"),
           (16, 15, 16, "foresight 16 x ddtree/16")]
@@ -35,8 +39,6 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--vocab", type=int, default=49152)
     args = p.parse_args()
-    from triton.testing import do_bench_cudagraph
-
     from specbench.kernels.top_b_tree import TopBTree
 
     g = torch.Generator().manual_seed(0)
@@ -47,23 +49,12 @@ def main() -> None:
         want = TopBTree(budget, lp.shape[-1], lp.device).batch(anchors, tok, lp)
         line = {"budget": budget, "depth": depth, "trees": trees, "what": what}
         for w in WARPS:
-            try:
-                kernel = TopBTree(budget, lp.shape[-1], lp.device, num_warps=w)
-                got = kernel.batch(anchors, tok, lp)
-                ok = all(torch.equal(a, b) for a, b in zip(got, want))
-                torch.cuda.synchronize()
-                ms = do_bench_cudagraph(lambda k=kernel: k.batch(anchors, tok, lp), rep=50, return_mode="median")
-                line[f"warps {w}"] = {"us": round(1000 * ms, 2), "equal": ok}
-            except Exception as e:  # a warp count that does not compile or fit: say so, go on
-                line[f"warps {w}"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            kernel = TopBTree(budget, lp.shape[-1], lp.device, num_warps=w)
+            line[f"warps {w}"] = measure(lambda k=kernel: k.batch(anchors, tok, lp),
+                                         lambda got: all(torch.equal(a, b) for a, b in zip(got, want)))
         rows.append(line)
-        print(f"{what} (B {budget}, {depth} depths, {trees} tree(s)):")
-        for w in WARPS:
-            r = line[f"warps {w}"]
-            print(f"   warps {w:2d} " + (f"{r['us']:8.1f} us  equal={r['equal']}" if "us" in r else r["error"]))
-        if args.out:  # after every shape: a run cut by its time limit keeps what it measured
-            with open(args.out, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+        report(f"{what} (B {budget}, {depth} depths, {trees} tree(s))", line, [f"warps {w}" for w in WARPS], 9)
+        save(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import torch
 from torch import Tensor
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/NAME.py as a module (the benchmark scripts are not a package)."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def random_parents(n: int, generator: torch.Generator, max_back: int | None = None) -> Tensor:

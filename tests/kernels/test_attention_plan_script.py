@@ -3,21 +3,16 @@ shapes under the interpreter, or CUDA), split counts that leave some splits with
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="the kernel tests need Triton (CUDA, or TRITON_INTERPRET=1 on the CPU)")
 
+from kernel_cases import load_script  # noqa: E402
+
 
 def _script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_attention_plan.py"
-    spec = importlib.util.spec_from_file_location("bench_attention_plan", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return load_script("bench_attention_plan")
 
 
 def test_grid_configs_agree_with_the_reference(device) -> None:

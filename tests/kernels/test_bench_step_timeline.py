@@ -3,18 +3,13 @@ after them, and counts that do not split into the replays refused (CPU: syntheti
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from kernel_cases import load_script  # noqa: E402
 
 
 def _script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_step.py"
-    spec = importlib.util.spec_from_file_location("bench_step", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return load_script("bench_step")
 
 
 def test_timeline_of_two_replays() -> None:
