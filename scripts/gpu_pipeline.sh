@@ -24,7 +24,7 @@
 #            ABL_HEADS=jetspec,sft=jetspec,rkl=jetspec ABL_GRID=" " ABL_ARGS='--head-arg sft:losses={"ce":1}
 #            --head-arg rkl:losses={"rkl":1}' (Table 14; JSON, no spaces: the words are split), or
 #            --head-arg noised:p_mask_only=1 (Table 13); ABL_TABLE=jpp replays every head of the run through
-#            scripts/jetspecpp_tau.py instead (ABL_JPP_SETTINGS, default J0R0,J1R0,J1R1; ABL_DATASETS; ABL_N), e.g.
+#            scripts/jetspecpp_tau.py instead (ABL_JPP_SETTINGS, default J0R0,J1R0,J1R1; ABL_DATASETS; ABL_N; ABL_TOKENS), e.g.
 #            jetspec++ variants fill=mask, p_mask_only=1, attention=bidirectional (Tables 4 and 15)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
 #            Qwen3-8B shapes; BENCH_ARGS e.g. --profile: the AR step's and verify pass's kernel tables), then
@@ -179,7 +179,7 @@ phase_ablate() {
     log "ablation grid (jetspecpp_tau):$hs"
     timeout $(left ${ABL_END_S:-900}) python3 scripts/jetspecpp_tau.py --device $DEVICE --data $SPECBENCH_DATA $hs \
       --settings ${ABL_JPP_SETTINGS:-J0R0,J1R0,J1R1} --trees ${JPP_TREES:-chain:16,ddtree:64} \
-      --datasets ${ABL_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${ABL_N:-20} --max-new-tokens ${JPP_TOKENS:-128} \
+      --datasets ${ABL_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${ABL_N:-20} --max-new-tokens ${ABL_TOKENS:-${JPP_TOKENS:-128}} \
       --parallel ${ABL_PARALLEL:-${TAU_PARALLEL:-14}} --threads 1 --out $A/grid.jsonl \
       --minutes $(python3 -c "print(max(0.5, ($(left ${ABL_END_S:-900}) - 60) / 60))") > $A/grid.txt 2>&1
     grep -v "^jetspecpp_tau: [0-9]" $A/grid.txt | tail -60
