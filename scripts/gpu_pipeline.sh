@@ -64,6 +64,9 @@ bundle() { python3 scripts/bundle.py "$@"; }
 now() { date +%s; }
 log() { echo "[pipe $(( $(now) - $(cat $P/t0) ))s] $*"; }
 left() { echo $(( $(cat $P/t0) + $1 - $(now) )); }  # seconds until second $1 of the pipeline
+failed() {  # NAME RC: a step that did not finish cleanly says so in the log that `collect` shows (124: its timeout)
+  log "FAILED: $1 exited with $2$([ "$2" = 124 ] && echo ' (its deadline)')"; echo "$1 $2" >> $P/failed.txt
+}
 
 # train_scheduled RUN END STEP0 RATE: train RUN until second END of the pipeline at RATE steps/s (wsd, the last
 # 20% of the schedule decaying), packing the state where the decay starts; extra flags in $sched_extra
@@ -140,7 +143,7 @@ phase_tau() {
   log "tau by replay: ${TAU_DATASETS:-gsm8k,math500}, ${heads:-the shipped heads}"
   timeout $(left ${TAU_END_S:-600}) python3 scripts/tau_table.py --device $DEVICE --data $SPECBENCH_DATA $heads \
     --datasets ${TAU_DATASETS:-gsm8k,math500} --n ${TAU_N:-20} --budgets 16,64,256 --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
-    --minutes $(python3 -c "print(max(0.5, ($(left ${TAU_END_S:-600}) - 30) / 60))") --out $T/tau.jsonl > $T/tau.txt 2>&1
+    --minutes $(python3 -c "print(max(0.5, ($(left ${TAU_END_S:-600}) - 30) / 60))") --out $T/tau.jsonl > $T/tau.txt 2>&1 || failed "tau_table" $?
   merge_shards $T/tau.jsonl tau_table && rm -f $T/tau.shard*.jsonl  # a timeout may cut the merge of the shards
   python3 scripts/tau_table.py --out $T/tau.jsonl --table-only > $T/table.txt 2>&1; cat $T/table.txt
   gzip -f $T/tau.jsonl
@@ -156,7 +159,7 @@ phase_jpptau() {
     --settings ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true,J1R1:stale} --trees ${JPP_TREES:-chain:16,ddtree:64} \
     --datasets ${JPP_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${JPP_N:-50} --max-new-tokens ${JPP_TOKENS:-128} \
     --parallel ${JPP_PARALLEL:-${TAU_PARALLEL:-14}} --threads 1 \
-    --minutes $(python3 -c "print(max(0.5, ($(left ${JPP_END_S:-600}) - 60) / 60))") --out $J/rows.jsonl > $J/jpptau.txt 2>&1
+    --minutes $(python3 -c "print(max(0.5, ($(left ${JPP_END_S:-600}) - 60) / 60))") --out $J/rows.jsonl > $J/jpptau.txt 2>&1 || failed "jetspecpp_tau" $?
   grep -v "^jetspecpp_tau: [0-9]" $J/jpptau.txt | tail -40
   merge_shards $J/rows.jsonl jetspecpp_tau && rm -f $J/rows.shard*.jsonl
   python3 scripts/jetspecpp_tau.py --out $J/rows.jsonl --head x=y --table-only | tail -40
@@ -181,7 +184,7 @@ phase_ablate() {
       --settings ${ABL_JPP_SETTINGS:-J0R0,J1R0,J1R1} --trees ${JPP_TREES:-chain:16,ddtree:64} \
       --datasets ${ABL_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${ABL_N:-20} --max-new-tokens ${ABL_TOKENS:-${JPP_TOKENS:-128}} \
       --parallel ${ABL_PARALLEL:-${TAU_PARALLEL:-14}} --threads 1 --out $A/grid.jsonl \
-      --minutes $(python3 -c "print(max(0.5, ($(left ${ABL_END_S:-900}) - 60) / 60))") > $A/grid.txt 2>&1
+      --minutes $(python3 -c "print(max(0.5, ($(left ${ABL_END_S:-900}) - 60) / 60))") > $A/grid.txt 2>&1 || failed "ablation grid" $?
     grep -v "^jetspecpp_tau: [0-9]" $A/grid.txt | tail -60
     merge_shards $A/grid.jsonl jetspecpp_tau && rm -f $A/grid.shard*.jsonl
     gzip -f $A/grid.jsonl
@@ -189,7 +192,7 @@ phase_ablate() {
     log "ablation table"
     timeout $(left ${ABL_END_S:-900}) python3 scripts/ablation_table.py --run $RA --data $SPECBENCH_DATA --out $A/table \
       --n ${ABL_N:-20} --budgets ${ABL_BUDGETS:-16,64} --device $DEVICE --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
-      --minutes $(python3 -c "print(max(0.5, ($(left ${ABL_END_S:-900}) - 90) / 60))") > $A/ablation.txt 2>&1
+      --minutes $(python3 -c "print(max(0.5, ($(left ${ABL_END_S:-900}) - 90) / 60))") > $A/ablation.txt 2>&1 || failed "ablation_table" $?
     tail -40 $A/ablation.txt
   fi
   gzip -c $RA/train_log.jsonl > $A/train_log.jsonl.gz
@@ -207,7 +210,7 @@ phase_kernels() {
   fi
   log "bench_step"
   timeout ${BENCH_S:-180} python3 scripts/bench_step.py --shapes ${BENCH_SHAPES:-smollm2-135m-shape,qwen3-8b-shape} \
-    --variants ${BENCH_VARIANTS:-elementwise/triton,gemm/triton} ${BENCH_ARGS:-} --out $K/bench_step.json > $K/bench_step.txt 2>&1
+    --variants ${BENCH_VARIANTS:-elementwise/triton,gemm/triton} ${BENCH_ARGS:-} --out $K/bench_step.json > $K/bench_step.txt 2>&1 || failed "bench_step" $?
   grep -v "^ *$" $K/bench_step.txt | tail -30
   if [ "${NL_BENCH:-1}" = 1 ]; then
     log "bench_norm_linear (the row kernels' configs at 17/65 rows vs the unfused compositions)"
@@ -278,7 +281,7 @@ phase_rounds() {
   local R=$P/rounds; mkdir -p $R
   log "round table"
   timeout $(left ${ROUNDS_END_S:-600}) python3 -m specbench.cli run experiments/round_table.py --device $DEVICE --dtype $DTYPE \
-    --data-dir $SPECBENCH_DATA --out $R/round_table > $R/round_table.txt 2>&1
+    --data-dir $SPECBENCH_DATA --out $R/round_table > $R/round_table.txt 2>&1 || failed "round table" $?
   tail -30 $R/round_table.txt
   python3 -m specbench.cli table $R/round_table/results.jsonl --rows drafter,tree,budget --cols dataset \
     --value tau,decode_tok_s,speedup_decode,draft_ms,tree_ms,verify_forward_ms,verify_ms,commit_ms,round_ms,overhead_frac \
@@ -367,6 +370,6 @@ case "$step" in
     [ -d $ROOT/out-corpus ] && for f in $ROOT/out-corpus/*; do [ -f "$f" ] && mv "$f" "$OUT/"; done
     bundle send --spool $SPOOL --to "$OUT" --max-files 8 --max-mib 62
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-    tail -${LINES_BACK:-70} $P/log; ls -la "$OUT" ;;
+    tail -${LINES_BACK:-70} $P/log; [ -f $P/failed.txt ] && { echo "failed steps:"; cat $P/failed.txt; }; ls -la "$OUT" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
