@@ -28,6 +28,7 @@ reported and skipped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 
@@ -184,8 +185,8 @@ def bench_variant(model, cache, ops: str, attention: str, context: int, tree: Dr
                 print_timeline(f"{ops}/{attention} {label}", row[f"{label}_timeline"])
             except (ValueError, RuntimeError, AttributeError) as exc:  # a profiler that drops graph kernels
                 print(f"-- {ops}/{attention} {label}: no graph timeline ({type(exc).__name__}: {exc})")
-    choices = [c for op in (model.ops.add_rmsnorm_linear, model.ops.add_rmsnorm_mlp) if hasattr(op, "choices")
-               for c in op.choices()]
+    choices = [c for f in dataclasses.fields(model.ops) if hasattr(op := getattr(model.ops, f.name), "choices")
+               for c in op.choices()]  # every per-shape op of the level
     if choices:
         row["gemm_choices"] = choices
     if profile and attention == "triton" and ops != "reference":

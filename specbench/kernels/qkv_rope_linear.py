@@ -25,7 +25,8 @@ from triton.testing import do_bench
 
 from specbench.kernels.device import autotune_first_only, interpreting, require_kernel_device
 from specbench.kernels.fused import qkv_rope, rmsnorm
-from specbench.kernels.norm_linear import MAX_ROWS, _bucket, _dot, _precision, add_rmsnorm_linear, covering_row_tiles
+from specbench.kernels.norm_linear import (MAX_ROWS, _bucket, _dot, _precision, add_rmsnorm_linear,
+                                           add_rmsnorm_then_linear, covering_row_tiles)
 
 _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=4 if bm <= 32 else 8, num_stages=st)
             for bm in (16, 32, 64, 128) for bk, st in ((64, 3), (128, 3), (64, 4))]
@@ -155,21 +156,20 @@ def add_rmsnorm_qkv_rope_then_split(x: Tensor, delta: Tensor | None, norm_weight
                                     q_norm: Tensor | None = None, k_norm: Tensor | None = None,
                                     qk_eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """`add_rmsnorm_qkv_rope` as three launches: the RMSNorm kernel, cuBLAS, `qkv_rope` (any M, any dtypes)."""
-    h, resid = rmsnorm(x, norm_weight, eps, delta)
-    qkv = torch.nn.functional.linear(h, weight, bias)
+    qkv, resid = add_rmsnorm_then_linear(x, delta, norm_weight, eps, weight, bias)
     return qkv_rope(qkv, cos, sin, n_heads, n_kv, head_dim, k_cache, v_cache, slots, q_norm, k_norm, qk_eps), resid
 
 
 def add_rmsnorm_qkv_rope_fits(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
                               bias: Tensor | None, cos: Tensor, sin: Tensor, n_heads: int, n_kv: int, head_dim: int,
-                              *rest: object, **kw: object) -> bool:
+                              k_cache: Tensor, v_cache: Tensor, slots: Tensor, q_norm: Tensor | None = None,
+                              k_norm: Tensor | None = None, qk_eps: float = 1e-6) -> bool:
     """Rows up to MAX_ROWS, one dtype, contiguous weight rows, a power-of-two head of at least 32 (tl.dot's
-    16-wide halves) and a k/v cache of the stream's dtype."""
-    k_cache = rest[0] if rest else None
+    16-wide halves) and k/v caches of the stream's dtype."""
     return (x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and weight.stride(-1) == 1 and head_dim >= 32
             and head_dim & (head_dim - 1) == 0 and n_heads >= 1
             and all(t is None or t.dtype == weight.dtype for t in (x, delta, norm_weight, bias))
-            and (not isinstance(k_cache, Tensor) or k_cache.dtype == x.dtype))
+            and k_cache.dtype == v_cache.dtype == x.dtype)
 
 
 __all__ = ["add_rmsnorm_qkv_rope", "add_rmsnorm_qkv_rope_then_split", "add_rmsnorm_qkv_rope_fits"]

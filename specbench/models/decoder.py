@@ -303,7 +303,8 @@ def fused_ops(level: str = "elementwise") -> LayerOps:
     """The Triton ops of a fusion level: "elementwise" = the element-wise kernels of
     `specbench.kernels.fused` between cuBLAS products; "gemm" = besides those, add+RMSNorm fused into the
     product after it and the MLP's norm, gate/up product and SiLU*up in one kernel (one row: SiLU*up fused
-    into the down product instead; `specbench.kernels.norm_linear`) for the few rows of decode and verify,
+    into the down product instead; `specbench.kernels.norm_linear`) and wqkv with its q/k-norm, RoPE and K/V
+    write as the epilogue (`specbench.kernels.qkv_rope_linear`) for the few rows of decode and verify,
     per shape only where timing on the device shows the fused kernel faster (`FasterPerShape`)."""
     from specbench.kernels.fused import qkv_rope, rmsnorm, silu_mul
     from specbench.kernels import norm_linear as nl, qkv_rope_linear as ql

@@ -77,7 +77,10 @@ def test_untouched_slots_stay_and_fits_refuses_small_heads(device) -> None:
         if s not in written:
             assert torch.equal(k_cache[0, :, s], k_before[0, :, s])
     x, delta, nw, eps, w, bias, cos, sin = case[:8]
-    assert add_rmsnorm_qkv_rope_fits(x, delta, nw, eps, w, bias, cos, sin, H, HKV, D, k_cache)
-    assert not add_rmsnorm_qkv_rope_fits(x, delta, nw, eps, w, bias, cos, sin, H, HKV, 16, k_cache)  # 8-wide halves
+    assert add_rmsnorm_qkv_rope_fits(x, delta, nw, eps, w, bias, cos, sin, H, HKV, D, k_cache, k_cache, case[11])
+    assert not add_rmsnorm_qkv_rope_fits(x, delta, nw, eps, w, bias, cos, sin, H, HKV, 16, k_cache, k_cache,
+                                         case[11])  # 8-wide halves
+    assert not add_rmsnorm_qkv_rope_fits(x, delta, nw, eps, w, bias, cos, sin, H, HKV, D, k_cache.double(), k_cache,
+                                         case[11])  # a cache of another dtype
     with pytest.raises(ValueError, match="is not"):
         add_rmsnorm_qkv_rope(x, delta, nw, eps, w, bias, cos, sin, H + 1, HKV, D, k_cache, k_cache, case[11])
