@@ -6,7 +6,8 @@ The graphed forward reads the whole static cache (S = 2,048 + room for two round
 engine allocates), so `plan_attention` sizes the split from S, not from the context: one config serves
 every context a request passes through. This times, for each head shape (SmolLM2-135M 9/3/64, Qwen3-8B
 32/8/128) and node count N (1: an AR step, 17 and 65: verify at budgets 16 and 64), a grid of configs
-(rows per program, keys per tile, warps, pipeline depth) x split counts at several contexts C on the
+(rows per program, keys per tile, warps, pipeline depth) x split counts, and the plan's twin with the
+other merge (in the attention kernel or a kernel of its own; `--plan-only`: those two), at several contexts C on the
 same cache, each over as many distinct layers' K/V buffers as the model has (so L2 holds no more than
 it does in a forward), captured in one CUDA graph and timed by replay (median, CUDA events). Every
 config is first checked against the float64 reference on fresh random inputs. Prints, per shape and N,
@@ -68,9 +69,11 @@ def check_configs(heads: int, kv_heads: int, dim: int, n: int, context: int, slo
     lengths = torch.tensor([context], device=device)
     ref = tree_attention_reference(q[0], k[0], v[0], lengths, bits, dim ** -0.5)
     errors = {}
+    counters = torch.zeros(4096, dtype=torch.int32, device=device)
     for cfg in configs:
         out = torch.full_like(q[0], float("nan"))  # poisoned: every element must be written
-        tree_attention(q[0], k[0], v[0], lengths, bits, dim ** -0.5, kv_len=slots, config=cfg, out=out)
+        tree_attention(q[0], k[0], v[0], lengths, bits, dim ** -0.5, kv_len=slots, config=cfg, out=out,
+                       split_counters=counters)
         errors[cfg] = float((out.double() - ref).norm() / ref.norm())
     return errors
 
@@ -80,10 +83,12 @@ def time_layers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bits: torch.T
     """Microseconds per layer: one call per layer's buffers, captured in one CUDA graph, replays timed."""
     out = torch.empty_like(q)
     scale = q.shape[-1] ** -0.5
+    counters = torch.zeros(4096, dtype=torch.int32, device=q.device)  # the fused merge's tickets (KVCache's)
 
     def layers() -> None:
         for i in range(q.shape[0]):
-            tree_attention(q[i], k[i], v[i], lengths, bits, scale, kv_len=k.shape[3], config=cfg, out=out[i])
+            tree_attention(q[i], k[i], v[i], lengths, bits, scale, kv_len=k.shape[3], config=cfg, out=out[i],
+                           split_counters=counters)
 
     layers()  # compile, allocate
     torch.cuda.synchronize()
@@ -102,12 +107,13 @@ def time_layers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bits: torch.T
     return statistics.median(times)
 
 
-def bench(shape: str, n: int) -> dict[str, Any]:
+def bench(shape: str, n: int, plan_only: bool = False) -> dict[str, Any]:
     heads, kv_heads, dim, layers = SHAPES[shape]
     contexts = CONTEXTS[shape]
     q, k, v, bits = inputs(heads, kv_heads, dim, n, SLOTS, layers, "cuda", torch.bfloat16)
     plan = plan_attention(1, kv_heads, heads // kv_heads, n, SLOTS - n, q.device)
-    configs = [plan] + [c for c in grid(heads // kv_heads * n) if c != plan]
+    twin = dataclasses.replace(plan, fused_merge=not plan.fused_merge)  # the merge in the kernel vs its own
+    configs = [plan, twin] + ([] if plan_only else [c for c in grid(heads // kv_heads * n) if c not in (plan, twin)])
     bad = {c for c, e in check_configs(heads, kv_heads, dim, n, contexts[-1], SLOTS, "cuda", torch.bfloat16,
                                        configs).items() if not e < 2e-2}
     times: dict[AttentionConfig, list[float]] = {}
@@ -124,6 +130,9 @@ def bench(shape: str, n: int) -> dict[str, Any]:
            "plan_us": times.get(plan), "wrong_configs": [dataclasses.asdict(c) for c in bad],
            "best": [{"config": dataclasses.asdict(c), "us": times[c], "mean_us": mean[c]} for c in ranked[:8]]}
     plan_mean = mean.get(plan, float("nan"))
+    row["twin"], row["twin_us"] = dataclasses.asdict(twin), times.get(twin)
+    print(f"{shape:>8} N={n:>3}: fused_merge={twin.fused_merge} twin {mean.get(twin, float('nan')):6.2f} us (by C: "
+          + " ".join(f"{t:.2f}" for t in times.get(twin, [])) + ")", flush=True)
     print(f"{shape:>8} N={n:>3}: plan {plan} {plan_mean:6.2f} us (by C: "
           + " ".join(f"{t:.2f}" for t in times.get(plan, [])) + ")", flush=True)
     for c in ranked[:4]:
@@ -136,10 +145,11 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--nodes", default=",".join(map(str, NODES)))
     p.add_argument("--out", default=None, help="JSON of the rows")
+    p.add_argument("--plan-only", action="store_true", help="only the plan and its twin of the other merge")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention_plan times CUDA kernels: run it on a GPU (the tests check it on the CPU)")
-    rows = [bench(shape, int(n)) for shape in args.shapes.split(",") for n in args.nodes.split(",")]
+    rows = [bench(shape, int(n), args.plan_only) for shape in args.shapes.split(",") for n in args.nodes.split(",")]
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1, default=str)

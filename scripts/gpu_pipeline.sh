@@ -16,6 +16,9 @@
 #   tau      tau by exact replay of $RUN/heads (TAU_HEADS_DIR: other heads, "shipped": the shipped ones;
 #            scripts/tau_table.py: TAU_N items of TAU_DATASETS, default GSM8K and MATH-500, budgets 16/64/256;
 #            TAU_ROWS: a table (.jsonl[.gz]) to resume) until TAU_END_S
+#            TAU_DEVICE=cpu (and JPP_DEVICE=cpu below): replay on the machine's CPU cores, e.g. as "tau&" beside a
+#            training phase, whose GPU work leaves them idle (the replay is fp32 exact either way); REPLAY=host (every
+#            replay step): the host walk instead of the graphed device round that is CUDA's default
 #   jpptau   jetspec++'s refinement grid (scripts/jetspecpp_tau.py, --parallel JPP_PARALLEL or TAU_PARALLEL: JPP_SETTINGS x chain:16,
 #            ddtree:64, JPP_N items of the five benchmarks; JPP_ROWS: a grid to resume) until JPP_END_S
 #   ablate   a fresh run of ABL_HEADS with one more head per value of ABL_GRID (from scratch, so the heads
@@ -28,7 +31,8 @@
 #            jetspec++ variants fill=mask, p_mask_only=1, attention=bidirectional (Tables 4 and 15)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
 #            Qwen3-8B shapes; BENCH_ARGS e.g. --profile: the AR step's and verify pass's kernel tables), then
-#            scripts/bench_norm_linear.py (NL_BENCH=0: not), scripts/bench_attention_plan.py (AP_BENCH=0: not) and
+#            scripts/bench_norm_linear.py (NL_BENCH=0: not), scripts/bench_attention_plan.py (AP_BENCH=0: not; AP_ARGS e.g.
+#            --plan-only: the plan and its twin of the other split merge only) and
 #            scripts/bench_top_b_tree.py (TB_BENCH=0: not); BENCH_ARGS="--trace --rounds 2": graph timelines, A B A B;
 #            the faster level on SmolLM2's AR
 #            step becomes SPECBENCH_FUSED_LEVEL for what follows
@@ -141,8 +145,8 @@ phase_tau() {
   [ "${TAU_HEADS_DIR:-}" = shipped ] && heads=""
   [ -n "${TAU_ROWS:-}" ] && zcat -f "$TAU_ROWS" > $T/tau.jsonl  # resume a table kept in the repository
   log "tau by replay: ${TAU_DATASETS:-gsm8k,math500}, ${heads:-the shipped heads}"
-  timeout $(left ${TAU_END_S:-600}) python3 scripts/tau_table.py --device $DEVICE --data $SPECBENCH_DATA $heads \
-    --datasets ${TAU_DATASETS:-gsm8k,math500} --n ${TAU_N:-20} --budgets 16,64,256 --parallel ${TAU_PARALLEL:-14} --ref-batch 4 \
+  timeout $(left ${TAU_END_S:-600}) python3 scripts/tau_table.py --device ${TAU_DEVICE:-$DEVICE} --replay ${REPLAY:-auto} --data $SPECBENCH_DATA $heads \
+    --datasets ${TAU_DATASETS:-gsm8k,math500} --n ${TAU_N:-20} --budgets 16,64,256 --parallel ${TAU_PARALLEL:-14} --ref-batch 4 --threads 1 \
     --minutes $(python3 -c "print(max(0.5, ($(left ${TAU_END_S:-600}) - 30) / 60))") --out $T/tau.jsonl > $T/tau.txt 2>&1 || failed "tau_table" $?
   merge_shards $T/tau.jsonl tau_table && rm -f $T/tau.shard*.jsonl  # a timeout may cut the merge of the shards
   python3 scripts/tau_table.py --out $T/tau.jsonl --table-only > $T/table.txt 2>&1; cat $T/table.txt
@@ -154,7 +158,7 @@ phase_jpptau() {
   local J=$P/jpptau; mkdir -p $J
   [ -n "${JPP_ROWS:-}" ] && zcat -f "$JPP_ROWS" > $J/rows.jsonl  # resume a grid kept in the repository
   log "jetspec++ refinement grid by replay: ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true,J1R1:stale}, n ${JPP_N:-50}"
-  timeout $(left ${JPP_END_S:-600}) python3 scripts/jetspecpp_tau.py --device $DEVICE --data $SPECBENCH_DATA \
+  timeout $(left ${JPP_END_S:-600}) python3 scripts/jetspecpp_tau.py --device ${JPP_DEVICE:-$DEVICE} --replay ${REPLAY:-auto} --data $SPECBENCH_DATA \
     --head jetspec++=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} --head jetspec=specbench/heads/jetspec-smollm2-135m \
     --settings ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true,J1R1:stale} --trees ${JPP_TREES:-chain:16,ddtree:64} \
     --datasets ${JPP_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${JPP_N:-50} --max-new-tokens ${JPP_TOKENS:-128} \
@@ -180,7 +184,7 @@ phase_ablate() {
     local hs="" h
     for h in $(ls $RA/heads); do hs="$hs --head $h=$RA/heads/$h"; done
     log "ablation grid (jetspecpp_tau):$hs"
-    timeout $(left ${ABL_END_S:-900}) python3 scripts/jetspecpp_tau.py --device $DEVICE --data $SPECBENCH_DATA $hs \
+    timeout $(left ${ABL_END_S:-900}) python3 scripts/jetspecpp_tau.py --device $DEVICE --replay ${REPLAY:-auto} --data $SPECBENCH_DATA $hs \
       --settings ${ABL_JPP_SETTINGS:-J0R0,J1R0,J1R1} --trees ${JPP_TREES:-chain:16,ddtree:64} \
       --datasets ${ABL_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${ABL_N:-20} --max-new-tokens ${ABL_TOKENS:-${JPP_TOKENS:-128}} \
       --parallel ${ABL_PARALLEL:-${TAU_PARALLEL:-14}} --threads 1 --out $A/grid.jsonl \
@@ -205,7 +209,8 @@ phase_kernels() {
   if [ "${KERNEL_TESTS:-1}" = 1 ]; then
     log "kernel tests (CUDA)"
     SPECBENCH_AUTOTUNE=first timeout ${KTEST_S:-120} python3 -m pytest tests/kernels/test_norm_linear.py \
-      tests/kernels/test_fused_decoder.py tests/kernels/test_attention_plan_script.py -q -p no:cacheprovider > $K/tests.txt 2>&1
+      tests/kernels/test_fused_decoder.py tests/kernels/test_attention_plan_script.py tests/kernels/test_tree_attention.py \
+      -q -p no:cacheprovider > $K/tests.txt 2>&1
     tail -4 $K/tests.txt
   fi
   log "bench_step"
@@ -219,7 +224,7 @@ phase_kernels() {
   fi
   if [ "${AP_BENCH:-1}" = 1 ]; then
     log "bench_attention_plan (tree attention's configs over the engine's whole cache vs the plan)"
-    timeout ${AP_BENCH_S:-150} python3 scripts/bench_attention_plan.py --out $K/attention_plan.json > $K/attention_plan.txt 2>&1
+    timeout ${AP_BENCH_S:-150} python3 scripts/bench_attention_plan.py ${AP_ARGS:-} --out $K/attention_plan.json > $K/attention_plan.txt 2>&1
     tail -32 $K/attention_plan.txt
   fi
   if [ "${TB_BENCH:-1}" = 1 ]; then

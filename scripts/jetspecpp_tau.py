@@ -113,6 +113,9 @@ def main() -> int:
     p.add_argument("--parallel", type=int, default=1,
                    help="run N shards as N processes (OUT.shardK.jsonl each, merged into OUT at the end): on a GPU "
                         "the replay's per-round Python work is the bottleneck, so N processes share one GPU well")
+    p.add_argument("--replay", choices=("auto", "device", "host"), default="auto",
+                   help="exact replay as the device round (graphed on CUDA: one drafter and decoder per configuration, "
+                        "reused across prompts) or as the host walk; auto: device on CUDA")
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--compare", action="append", default=[], metavar="'HEAD SETTING - HEAD SETTING'",
                    help="with --table-only: the paired difference of two configurations over the prompts both have "
@@ -131,7 +134,7 @@ def main() -> int:
                 print(f"{d['compare']:<45} {d['tree']:<11} {d['mean']:+.3f} +- {d['se']:.3f}  (n {d['n']})")
         return 0
 
-    from specbench.bench.replay import build_references, replay
+    from specbench.bench.replay import build_references, replay, replay_decoder
     from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
     from specbench.drafters.jetspecpp.model import load_jetspecpp
     from specbench.models import load_target
@@ -158,6 +161,13 @@ def main() -> int:
                 continue
             drafters[(name, s)] = JetSpecPPDrafter(target, head=head, adapter=adapter, **cfg)
     policies = {t: TREE_POLICIES.build(t) for t, _ in trees}
+    on_device = args.replay == "device" or (args.replay == "auto" and target.device.type == "cuda")
+    decoders = {}  # device replay: a drafter of its own per decoder (the graphs hold its buffers)
+    if on_device:
+        for (h, s), drafter in drafters.items():
+            for tree, budget in trees:
+                own = JetSpecPPDrafter(target, head=drafter.head, adapter=drafter.adapter, **parse_setting(s))
+                decoders[(h, s, tree, budget)] = replay_decoder(own, policies[tree], budget)
     taps = sorted({t for d in drafters.values() for t in d.taps})
     done = {tuple(r[k] for k in ROW_KEY) for r in rows}
     shard, shards = (int(x) for x in args.shard.split("/"))
@@ -181,7 +191,9 @@ def main() -> int:
                     if (ds, pid, h, s, tree, budget) in done or out_of_time():
                         continue  # past the budget mid-prompt: the rest of this prompt is a rerun's
                     t0 = time.monotonic()
-                    res = replay(drafter, ref, policies[tree], budget, args.max_new_tokens)
+                    decoder = decoders.get((h, s, tree, budget))
+                    res = replay(decoder.drafter if decoder else drafter, ref, policies[tree], budget, args.max_new_tokens,
+                                 decoder=decoder)
                     row = {"dataset": ds, "id": pid, "head": h, "setting": s, "tree": tree, "budget": budget,
                            "tau": res.tau, "rounds": len(res.accepted), "new_tokens": len(res.output),
                            "tf_mismatch": ref.tf_mismatch, "time_s": round(time.monotonic() - t0, 2),

@@ -76,7 +76,9 @@ def configurations(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     return [c for c in out if trees is None or c[1] in trees]
 
 
-def load_drafters(target, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def drafter_builders(target, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """label -> a function that builds a fresh drafter of that row label (the heads of --heads, or the
+    shipped / --heads-dir heads and the training-free baselines)."""
     import importlib
 
     from specbench.drafters import DRAFTERS
@@ -87,20 +89,31 @@ def load_drafters(target, args: argparse.Namespace) -> dict[str, object]:  # typ
             importlib.import_module(module)
         except ImportError as exc:
             print(f"tau_table: cannot import {module}: {exc}", file=sys.stderr)
-    drafters = {}
+    builders = {}
     heads = parse_heads(args.heads)
     for label, directory in heads.items():
-        drafters[label] = DRAFTERS.build(head_kind(directory), target, checkpoint=str(directory))
-    if heads and not args.baselines:
-        return drafters
-    for name in ("dflash", "jetspec", "jetspec-tree", "eagle3") if not heads else ():
-        kwargs = {"checkpoint": str(Path(args.heads_dir) / name)} if args.heads_dir else {}
+        builders[label] = lambda d=directory: DRAFTERS.build(head_kind(d), target, checkpoint=str(d))
+    if not heads or args.baselines:
+        for name in ("dflash", "jetspec", "jetspec-tree", "eagle3") if not heads else ():
+            kwargs = {"checkpoint": str(Path(args.heads_dir) / name)} if args.heads_dir else {}
+            builders[name] = lambda n=name, kw=kwargs: DRAFTERS.build(n, target, **kw)
+        builders["ngram"] = lambda: DRAFTERS.build("ngram", target)
+        builders["self"] = lambda: DRAFTERS.build("self", target, layers=args.self_layers)
+    return builders
+
+
+def load_drafters(target, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """One drafter per row label; a shipped head that cannot load is skipped (the other rows are still
+    worth having), a head of --heads that cannot load fails."""
+    heads = parse_heads(args.heads)
+    drafters = {}
+    for label, build in drafter_builders(target, args).items():
         try:
-            drafters[name] = DRAFTERS.build(name, target, **kwargs)
-        except Exception as exc:  # no trained head (yet): the other rows are still worth having
-            print(f"tau_table: skipping {name}: {exc}", file=sys.stderr)
-    drafters["ngram"] = DRAFTERS.build("ngram", target)
-    drafters["self"] = DRAFTERS.build("self", target, layers=args.self_layers)
+            drafters[label] = build()  # type: ignore[operator]
+        except Exception as exc:
+            if label in heads:
+                raise
+            print(f"tau_table: skipping {label}: {exc}", file=sys.stderr)
     return drafters
 
 
@@ -237,6 +250,9 @@ def main() -> int:
     p.add_argument("--reverse", action="store_true",
                    help="take the remaining prompts from the end of the order (a second machine filling the same "
                         "table from the other end; merge the outputs, rows are keyed by prompt and configuration)")
+    p.add_argument("--replay", choices=("auto", "device", "host"), default="auto",
+                   help="exact replay as the device round (graphed on CUDA; a drafter per configuration) or as the "
+                        "host walk (one drafter per head, its reference tables shared); auto: device on CUDA")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args()
     out = Path(args.out)
@@ -263,7 +279,13 @@ def main() -> int:
     policies = {tree: TREE_POLICIES.build(tree) for _, tree, _ in configs}
     done = {(r["dataset"], r["id"], r["drafter"], r["tree"], r["budget"]) for r in rows}
     taps = sorted({t for d in drafters.values() for t in d.taps})  # type: ignore[attr-defined]
-    decoders = {c: replay_decoder(drafters[c[0]], policies[c[1]], c[2]) for c in configs}  # type: ignore[arg-type]
+    if args.replay == "device" or (args.replay == "auto" and target.device.type == "cuda"):
+        builders = drafter_builders(target, args)  # the device round's graphs hold their drafter's buffers: one each
+        decoders = {c: replay_decoder(builders[c[0]](), policies[c[1]], c[2],  # type: ignore[operator]
+                                      replay_on_device=True) for c in configs}
+    else:  # the host walk: one drafter serves its trees and budgets (its precomputation along a reference too)
+        decoders = {c: replay_decoder(drafters[c[0]], policies[c[1]], c[2], replay_on_device=False)  # type: ignore[arg-type]
+                    for c in configs}
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     shard, shards = (int(x) for x in args.shard.split("/"))
@@ -290,10 +312,10 @@ def main() -> int:
                 for d, tree, budget in configs:
                     if (ds, pid, d, tree, budget) in done:
                         continue
-                    drafter = drafters[d]
+                    decoder = decoders[(d, tree, budget)]
+                    drafter = decoder.drafter
                     t1 = time.monotonic()
-                    res = replay(drafter, ref, policies[tree], budget, args.max_new_tokens,  # type: ignore[arg-type]
-                                 decoder=decoders[(d, tree, budget)])
+                    res = replay(drafter, ref, policies[tree], budget, args.max_new_tokens, decoder=decoder)  # type: ignore[arg-type]
                     row = {"dataset": ds, "id": pid, "drafter": d, "kind": getattr(drafter, "name", d), "tree": tree,
                            "budget": budget, "tau": res.tau,
                            "rounds": len(res.accepted), "new_tokens": len(res.output), "prompt_len": len(ids),

@@ -16,7 +16,10 @@ the host's `Randomness` (T > 0) the verify and commit stages run on the host ins
 Exact replay (`generate(..., reference=TeacherForced)`, T = 0, the greedy verifier): the same loop, stop
 rules and drafting stages, but no target forward: the "verify" stage is the greedy rule with the known
 continuation's tokens as the target's picks, and the drafter observes the reference's teacher-forced
-states at the accepted nodes. It measures tau on many prompts without running the target per round.
+states at the accepted nodes. It measures tau on many prompts without running the target per round. A
+device drafter's replay round is the device round with the verify forward's place taken by gathers from
+the reference, held in static buffers (`_ReplayBuffers`): captured in CUDA graphs like a decoding round,
+one host read per round; a host drafter's (or `replay_on_device=False`) walks the reference on the host.
 
 On CUDA the stages after drafting replay CUDA graphs captured once, after an eager first round (so
 graphed and eager rounds run the same code); a device drafter's phases are graphed too and the next
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Sequence
@@ -49,7 +53,7 @@ from specbench.trees.base import DepthScores, DraftTree, TreePolicy
 from specbench.trees.grow import ExpandFn
 from specbench.verify import VERIFIERS
 from specbench.verify.base import Acceptance, Randomness, TorchRandomness, Verifier, VerifyResult, read_acceptance
-from specbench.verify.vectorised import walk_batched
+from specbench.verify.vectorised import accept_packed, walk_batched
 
 
 class NonFiniteLogitsError(FloatingPointError):
@@ -111,6 +115,43 @@ def _derived_seed(seed: int, stream: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{stream}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
+class _ReplayBuffers:
+    """Exact replay's reference where a captured round reads it: the sequence's tokens (-1 past its end)
+    and the teacher-forced states of the drafter's taps over `slots` positions, and the committed length
+    (the anchor's position), all on the device; `load` puts a request's reference in."""
+
+    def __init__(self, target: TargetModel, taps: Sequence[int], slots: int) -> None:
+        device = target.device
+        self.slots = slots
+        self.tokens = torch.full((slots,), -1, dtype=torch.long, device=device)
+        self.hidden = {t: torch.zeros(1, slots, target.config.hidden_size, dtype=target.dtype, device=device)
+                       for t in taps}
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.no_logits = torch.empty(0, device=device)
+
+    def load(self, reference: TeacherForced, position: int) -> None:
+        n = len(reference.tokens)
+        if n > self.slots:
+            raise ConfigError(f"the reference has {n} tokens, more than the {self.slots} the decoder's replay buffers "
+                              f"hold: raise max_seq_len", keys=("max_seq_len",))
+        self.tokens.fill_(-1)
+        self.tokens[:n].copy_(torch.tensor(reference.tokens, dtype=torch.long))
+        for t, states in self.hidden.items():
+            states[:, :n].copy_(reference.hidden[t][:, :n])
+        self.position.fill_(position)
+
+    def forward(self, tree: DraftTree) -> ForwardOutput:
+        """The teacher-forced states at each node's position (an accepted node at depth j sits at n + j;
+        the other rows are states of other positions, which a drafter reads only for accepted nodes)."""
+        rows = (self.position + tree.depth).clamp_(max=self.slots - 1)  # [N]
+        return ForwardOutput(logits=self.no_logits, hidden={t: h[:, rows] for t, h in self.hidden.items()})
+
+    def picks(self, tree: DraftTree) -> Tensor:
+        """The target's greedy pick after each node [N]: the reference's next token (-1 past its end, where
+        the walk stops and the bonus is dropped)."""
+        return self.tokens[(self.position + 1 + tree.depth).clamp_(max=self.slots - 1)]
+
+
 @dataclass
 class _Launched:
     """A round queued on the device and not read yet (or, with a host verifier, already decided)."""
@@ -132,6 +173,9 @@ class SpecDecoder:
     round before the previous one is read, when the drafter is device work (or there is none).
     capture_check: a context manager factory the stages that would be captured run inside, from the
     second round on, when they run eagerly (tests use one that fails on any host read).
+    replay_on_device (default: on CUDA, with a device drafter): exact replay's rounds as device rounds
+    (module docstring), whose drafter sees the request as decoding, without the reference; False walks
+    the reference on the host, where drafters may draft from precomputed tables along it.
     """
 
     def __init__(
@@ -147,6 +191,7 @@ class SpecDecoder:
         cuda_graphs: bool | None = None,
         lookahead: bool | None = None,
         capture_check: Callable[[], ContextManager[Any]] | None = None,
+        replay_on_device: bool | None = None,
     ) -> None:
         self.target = target
         self.spec = spec or SpecConfig()
@@ -187,6 +232,12 @@ class SpecDecoder:
         self._graphed_forward: GraphedForward | None = None  # the verify forward of host-verified rounds
         self._pinned: list[Tensor] = []
         self.capture_check = capture_check  # eager rounds run their capturable stages inside it (CPU tests)
+        # exact replay as the device round (a device drafter's; by default on CUDA, where its rounds replay
+        # graphs) or as the host walk of the reference (where drafters use their reference shortcuts)
+        self.replay_on_device = drafter is not None and self.device_drafting and (
+            is_cuda if replay_on_device is None else bool(replay_on_device))
+        self._replay: _ReplayBuffers | None = None
+        self._replaying = False  # this request is a replay on the device
 
     @property
     def cache(self) -> KVCache:
@@ -254,6 +305,7 @@ class SpecDecoder:
         if cache is not None:
             cache.reset()
         self.clock.begin_request()
+        self._claim_drafter()
         self._side_spans: dict[int, tuple[Any, Any]] = {}  # round -> a side stage's own span (CUDA events)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -271,12 +323,17 @@ class SpecDecoder:
             out = ForwardOutput(logits=torch.empty(0, device=device),
                                 hidden={t: reference.hidden[t][:, : len(prompt)] for t in taps})
             first = VerifyResult(path=[0], tokens=[reference.tokens[len(prompt)]])
+        self._replaying = reference is not None and self.replay_on_device
+        if self._replaying:
+            if self._replay is None:
+                self._replay = _ReplayBuffers(target, taps, self.cache_slots + 2 * (self.budget + 1))
+            self._replay.load(reference, len(prompt))  # type: ignore[arg-type]
         self.anchor.fill_(first.tokens[-1])
         tokens = prompt + first.tokens
         generated = list(first.tokens)
         state = DraftState(tokens=tokens, prompt_len=len(prompt), sampling=sampling, draft_rng=draft_rng,
                            want_draft_probs=self.verifier.needs_draft_probs and not sampling.greedy,
-                           anchor_device=self.anchor, reference=reference)
+                           anchor_device=self.anchor, reference=None if self._replaying else reference)
         if self.drafter is not None and generated[-1] not in eos and max_new_tokens > 1:
             self.drafter.begin(state, out, self.cache_slots)
         if device.type == "cuda":
@@ -322,6 +379,19 @@ class SpecDecoder:
         stats.new_tokens = len(generated)
         stats.stop_reason = stop
         return GenerationResult(prompt_ids=prompt, tokens=generated, stats=stats)
+
+    def _claim_drafter(self) -> None:
+        """Graphs captured with a drafter read its buffers where they were then; a request of another
+        decoder with the same drafter may have reallocated them (a larger cache), so after one this
+        decoder's graphs are dropped and captured again (an eager round first). Replay scripts build a
+        drafter per decoder so that this stays rare."""
+        if not self.cuda_graphs or self.drafter is None:
+            return
+        owner = getattr(self.drafter, "graphs_of", None)
+        if owner is None or owner() is not self:
+            self._graphs.clear()
+            self._warmed.clear()
+            self.drafter.graphs_of = weakref.ref(self)
 
     # ---- the round's stages --------------------------------------------------------------------
     def _drafting(self, state: DraftState, static: bool) -> list[Stage]:
@@ -388,14 +458,36 @@ class SpecDecoder:
         self.anchor.copy_(acc.bonus)
         return torch.cat([*parts, finite]), tree, out
 
+    def _commit_replayed(self, tree: DraftTree, out: ForwardOutput, acc: Acceptance) -> tuple[Tensor, DraftTree, ForwardOutput]:
+        """`_commit` of a replay round: the reference's position moves on instead of the cache; past the
+        reference's end the walk has no bonus (-1), and the anchor stays a valid id."""
+        replay = self._replay
+        assert replay is not None and self.drafter is not None
+        parts = [acc.packed, tree.tokens]
+        replay.position.add_(acc.count)
+        self.drafter.observe(tree, acc, out)
+        if self.branching:
+            parts.append(self.drafter.branch_flag())
+        self.anchor.copy_(acc.bonus.clamp(min=0))
+        return torch.cat([*parts, acc.count.new_ones(1)]), tree, out
+
     def _device_stages(self, state: DraftState, sampling: SamplingConfig) -> tuple[list[Stage], list[Stage]]:
-        """(eager prefix, capturable rest) of a round decided on the device."""
-        verifier = self.verifier
-        rest: list[Stage] = [
-            ("verify_forward", lambda tree: self._verify_forward(tree, state)),
-            ("verify", lambda x: (*x, verifier.accept(x[0], x[1].logits[0], sampling))),
-            ("commit", lambda x: self._commit(*x)),
-        ]
+        """(eager prefix, capturable rest) of a round decided on the device; in exact replay the verify
+        forward and accept read the reference's buffers instead."""
+        verifier, replay = self.verifier, self._replay
+        if not self._replaying:
+            rest: list[Stage] = [
+                ("verify_forward", lambda tree: self._verify_forward(tree, state)),
+                ("verify", lambda x: (*x, verifier.accept(x[0], x[1].logits[0], sampling))),
+                ("commit", lambda x: self._commit(*x)),
+            ]
+        else:
+            assert replay is not None
+            rest = [
+                ("verify_forward", lambda tree: (tree, replay.forward(tree))),
+                ("verify", lambda x: (*x, Acceptance(accept_packed(x[0], replay.picks(x[0]))))),
+                ("commit", lambda x: self._commit_replayed(*x)),
+            ]
         side = self._side_phase(state)
         if side is not None:  # beside the verify forward, reading the tree only (x[0]), before the commit
             name, step = side
@@ -435,6 +527,8 @@ class SpecDecoder:
         if not self.verifier.accepts_on_device(sampling):
             return self._launch_host_verified(state, sampling, rng)
         branch = self.drafter.branch if self.branching else ""  # type: ignore[union-attr]
+        if self._replaying:
+            branch = "replay:" + branch  # its own graphs: the stages after drafting differ
         prefix, rest = self._device_stages(state, sampling)
         x = self._run_eagerly(prefix)
         warmed = branch in self._warmed
@@ -535,7 +629,10 @@ class SpecDecoder:
         values = values[:-1]
         if self.branching:
             self.drafter.read_branch(values.pop())  # type: ignore[union-attr]
-        return read_acceptance(values, launched.tree.num_nodes)
+        res = read_acceptance(values, launched.tree.num_nodes)
+        if res.tokens[-1] < 0:  # a replay walk that reached the reference's end: no bonus
+            res.tokens.pop()
+        return res
 
     def _observe_on_host(self, launched: _Launched, res: VerifyResult) -> None:
         """A host drafter sees the verified result after the read (a device drafter saw it in the commit

@@ -5,9 +5,10 @@ anchor is x_n accepts the longest path of its tree that spells x_{n+1}, x_{n+2},
 only the greedy continuation (generated once, batched) and one teacher-forced target pass over prompt +
 continuation (the tapped states drafters read); `SpecDecoder.generate(..., reference=...)` then runs
 its own rounds on them (engine.py: same loop, stop rules and drafting stages; the verify stage follows
-the reference). Drafters that can precompute their drafting along a known sequence do so once per
-reference, shared by every tree and budget replayed on it (DFlash-family pass 1, the self drafter's
-greedy chain: see `ReferencePass1` and `SelfDrafter`).
+the reference). On CUDA a device drafter's replay is the graphed device round (the drafter drafts as
+in decoding). In the host walk (the CPU's default) drafters that can precompute their drafting along a
+known sequence do so once per reference, shared by every tree and budget replayed on it (DFlash-family
+pass 1, the self drafter's greedy chain: see `ReferencePass1` and `SelfDrafter`).
 
 Numerics: the reference is what AR greedy decoding emits. Where the teacher-forced pass's argmax
 differs from the generated token (near-ties between two logits), the real decode loop could follow
@@ -89,10 +90,13 @@ def build_references(target: TargetModel, prompts: Sequence[Sequence[int]], max_
     return out
 
 
-def replay_decoder(drafter: Drafter, policy: TreePolicy, budget: int, max_seq_len: int | None = None) -> SpecDecoder:
-    """A greedy decoder for `drafter` under `policy` (reuse it across references: its caches stay)."""
+def replay_decoder(drafter: Drafter, policy: TreePolicy, budget: int, max_seq_len: int | None = None,
+                   replay_on_device: bool | None = None) -> SpecDecoder:
+    """A greedy decoder for `drafter` under `policy` (reuse it across references: its caches stay; on CUDA,
+    where it replays graphed device rounds by default, give it a drafter no other decoder uses)."""
     spec = SpecConfig(drafter=drafter.name or type(drafter).__name__, tree=policy.name, verifier="greedy", budget=budget)
-    return SpecDecoder(drafter.target, spec, max_seq_len=max_seq_len, drafter=drafter, policy=policy)
+    return SpecDecoder(drafter.target, spec, max_seq_len=max_seq_len, drafter=drafter, policy=policy,
+                       replay_on_device=replay_on_device)
 
 
 def replay(drafter: Drafter, ref: Reference, policy: TreePolicy, budget: int, max_new_tokens: int,

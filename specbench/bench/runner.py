@@ -307,15 +307,17 @@ def _run_replay_group(study: Study, todo: list[Unit], store: ResultsStore, bar: 
                       notes: list[str]) -> tuple[int, int]:
     """Units of one target group by exact replay. Every decoder is built first (the reference carries
     the taps of all drafters), with one drafter object per (drafter, drafter_args), so what it
-    precomputes along a reference serves all its trees and budgets. Returns (written, skipped)."""
+    precomputes along a reference serves all its trees and budgets (the host walk); on CUDA, where the
+    replay is the graphed device round, one drafter per decoder. Returns (written, skipped)."""
     first = todo[0].variant.run
     target = load_target(first.target, device=first.device, dtype=first.dtype, attention=first.attention)
     prov = provenance(first.device)
     drafters: dict[str, Drafter] = {}
     decoders: dict[str, SpecDecoder] = {}
+    share = target.device.type != "cuda"  # graphed replays (CUDA) hold their drafter's buffers: one drafter each
     for variant in {u.variant.key: u.variant for u in todo}.values():
         spec = variant.run.spec
-        dkey = stable_json({"drafter": spec.drafter, "args": stable_json(spec.drafter_args)})
+        dkey = stable_json({"drafter": spec.drafter, "args": stable_json(spec.drafter_args)}) if share else variant.key
         try:
             if dkey not in drafters:
                 drafters[dkey] = DRAFTERS.build(spec.drafter, target, **dict(spec.drafter_args))

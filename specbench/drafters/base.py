@@ -141,6 +141,7 @@ class Drafter(ABC):
     def __init__(self, target: TargetModel) -> None:
         self.target = target
         self.cuda_graphs = True  # a host drafter may replay its own forwards from CUDA graphs (the engine sets it)
+        self.graphs_of: Any = None  # weakref to the decoder whose CUDA graphs hold this drafter's buffers (the engine's)
 
     @classmethod
     def works_with(cls, policy: TreePolicy | type[TreePolicy]) -> bool:

@@ -10,7 +10,8 @@ Imports: nothing from the rest of specbench (torch, triton and numpy only); mode
 in. Importing a kernel module imports Triton; masks.py and reference.py do not. On the CPU the
 kernels run only under TRITON_INTERPRET=1 (set before import).
 
-  tree_attention.py   tree_attention (the target's verify pass) over context_attention (the general form)
+  tree_attention.py   tree_attention (the target's verify pass) over context_attention (the general form);
+                      split prefixes merge in a kernel of their own or, given tickets, in the last split
   tree_accept.py      greedy acceptance on the GPU (one host read per round)
   kv_compact.py       move the accepted path's K/V to the prefix, all layers in one launch
   ranked_topk.py      the k best entries of wide rows by (value desc, id asc): chunk + merge passes

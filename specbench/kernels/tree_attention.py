@@ -9,7 +9,11 @@ Work split. The query heads that share a KV head are processed together (rows = 
 node-major), so each K/V tile is read once per group. When there are too few (batch, KV head, row
 tile) programs to fill the GPU (small N, long prefix), the prefix is split into `num_splits` equal
 chunks of each row's own length (flash-decoding; a run-time argument, so no recompilation per count);
-every split writes a normalised partial output and its log-sum-exp, and a second kernel merges them.
+every split writes a normalised partial output and its log-sum-exp, and they are merged: by a second
+kernel, or (`fused_merge`, given a zeroed int32 `split_counters` workspace that outlives the call) by
+whichever split of a row tile finishes last, which it learns from an atomic ticket, resetting the ticket
+for the next launch. The fused merge saves a launch and its gap per layer; it reads the splits that hold
+keys only, in split order, so both merges give the same bits.
 Row lengths are read on the device, so there is no host sync and a launch can be captured in a CUDA
 graph. Softmax is online, in fp32 (base 2).
 """
@@ -28,6 +32,7 @@ from specbench.kernels.masks import num_words
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128)
+FUSED_MERGE_BY_DEFAULT = False  # until timed on a GPU (scripts/bench_attention_plan.py --plan-only)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -61,7 +66,7 @@ def _scores(q, k, qk_scale, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _attention_kernel(
-    Q, KC, VC, KN, VN, CtxLen, Bits, Out, OPart, LsePart,
+    Q, KC, VC, KN, VN, CtxLen, Bits, Out, OPart, LsePart, Counters,
     stride_qb, stride_qh, stride_qn,
     stride_kcb, stride_kch, stride_kcs,
     stride_vcb, stride_vch, stride_vcs,
@@ -72,7 +77,7 @@ def _attention_kernel(
     N, NK, HKV, G, num_splits, qk_scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
     SPLIT: tl.constexpr, NEW_AFTER_CTX: tl.constexpr, LOWER: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSED_MERGE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     split = tl.program_id(1)
@@ -147,30 +152,31 @@ def _attention_kernel(
         tl.store(OPart + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         tl.store(LsePart + part, lse, mask=row_ok)
+        if FUSED_MERGE:
+            tl.debug_barrier()  # every thread's partial is stored before the ticket releases it
+            ticket_ptr = Counters + pid_bh * tl.num_programs(0) + pid_m
+            ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+            if ticket == num_splits - 1:  # the last split of this row tile: the others' partials are visible
+                busy = tl.minimum(tl.cdiv(ctx_len, tl.maximum(chunk, BLOCK_S)), num_splits - 1)
+                _merge_rows_of_tile(OPart, LsePart, Out, pid_bh, b, hkv, r, row_ok, d, rows_total, num_splits,
+                                    busy, stride_ob, stride_oh, stride_on, G, D, BLOCK_M)
+                tl.atomic_xchg(ticket_ptr, 0)  # zero again for the next launch
 
 
 @triton.jit
-def _merge_splits_kernel(
-    OPart, LsePart, Out,
-    stride_ob, stride_oh, stride_on,
-    N, HKV, G, num_splits,
-    D: tl.constexpr, BLOCK_R: tl.constexpr,
-):
-    pid_r = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // HKV
-    hkv = pid_bh % HKV
-    rows_total = G * N
-    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = r < rows_total
-    d = tl.arange(0, D)
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    wsum = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, D], tl.float32)
-    for s in range(num_splits):
+def _merge_rows_of_tile(OPart, LsePart, Out, pid_bh, b, hkv, r, row_ok, d, rows_total, num_splits, busy,
+                        stride_ob, stride_oh, stride_on, G, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Merge rows r of splits [0, busy) and the last split (the new keys) in split order (busy = splits - 1:
+    all of them). In the fused merge the splits left out hold no key (their log-sum-exp is -inf), and
+    leaving them out changes no bit. Loads bypass L1 (.cg): the partials were written by other programs."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    wsum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for i in range(0, busy + 1):
+        s = tl.where(i == busy, num_splits - 1, i)
         part = (pid_bh * num_splits + s) * rows_total + r
-        lse = tl.load(LsePart + part, mask=row_ok, other=float("-inf"))
-        o = tl.load(OPart + part[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+        lse = tl.load(LsePart + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(OPart + part[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
         m_new = tl.maximum(m, lse)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)
@@ -185,15 +191,33 @@ def _merge_splits_kernel(
     tl.store(o_ptr, acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 
+@triton.jit
+def _merge_splits_kernel(
+    OPart, LsePart, Out,
+    stride_ob, stride_oh, stride_on,
+    N, HKV, G, num_splits,
+    D: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // HKV
+    hkv = pid_bh % HKV
+    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    _merge_rows_of_tile(OPart, LsePart, Out, pid_bh, b, hkv, r, r < G * N, tl.arange(0, D), G * N, num_splits,
+                        num_splits - 1, stride_ob, stride_oh, stride_on, G, D, BLOCK_R)
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Launch shape: rows (heads x nodes) per program, keys per tile, warps, pipeline depth, splits."""
+    """Launch shape: rows (heads x nodes) per program, keys per tile, warps, pipeline depth, splits, and
+    whether the last split of a tile merges them (used only where the caller passes `split_counters`)."""
 
     block_m: int
     block_s: int
     num_warps: int
     num_stages: int
     num_splits: int
+    fused_merge: bool = False
 
 
 def plan_attention(batch: int, kv_heads: int, group: int, n: int, context_hint: int, device: torch.device,
@@ -213,7 +237,7 @@ def plan_attention(batch: int, kv_heads: int, group: int, n: int, context_hint: 
     base = batch * kv_heads * triton.cdiv(rows, block_m)
     want = triton.cdiv(2 * num_sms(device), base)
     splits = max(1, min(want, context_hint // (4 * block_s), 64))  # at least four key tiles per split
-    return AttentionConfig(block_m, block_s, warps, stages, splits)
+    return AttentionConfig(block_m, block_s, warps, stages, splits, fused_merge=FUSED_MERGE_BY_DEFAULT)
 
 
 def _check(q: Tensor, tensors: dict[str, Tensor], ctx_lengths: Tensor, mask_bits: Tensor, num_new: int) -> None:
@@ -250,7 +274,8 @@ def _check(q: Tensor, tensors: dict[str, Tensor], ctx_lengths: Tensor, mask_bits
 def context_attention(q: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_lengths: Tensor, new_k: Tensor, new_v: Tensor,
                       mask_bits: Tensor, scale: float, *, new_after_context: bool = False,
                       lower_triangular: bool = False, context_hint: int | None = None, num_new: int | None = None,
-                      config: AttentionConfig | None = None, out: Tensor | None = None) -> Tensor:
+                      config: AttentionConfig | None = None, out: Tensor | None = None,
+                      split_counters: Tensor | None = None) -> Tensor:
     """Attention of N new queries over a visible prefix plus NK masked new keys (NK = `num_new`, default N:
     a tree's nodes; more than N when the queries are the last few of the new entries, e.g. one depth of a
     draft tree attending to every node drafted so far).
@@ -261,6 +286,10 @@ def context_attention(q: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_lengths: Tens
     from `pack_tree_mask` (query i sees new key j < NK iff bit j of row i). `lower_triangular` promises
     that no query sees a later new key (tree and causal masks; needs NK = N), so those tiles are skipped.
     `context_hint` >= max prefix length (host int) sizes the split; it never affects results.
+    `split_counters`: an int32 workspace of zeros on q's device, kept by the caller across calls that run
+    in stream order (never two at once on one workspace); with it a split config whose `fused_merge` is
+    set merges in the attention kernel, and the counters are zero again when the call ends. Too small for
+    the launch (B x Hkv x row tiles), or absent: the merge kernel.
     Returns [B, H, N, D] in q's dtype (into `out` if given). A row that sees no key at all is 0.
     """
     n = q.shape[2]
@@ -289,10 +318,16 @@ def context_attention(q: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_lengths: Tens
         lse_part = torch.empty(b * hkv, cfg.num_splits, rows, dtype=torch.float32, device=q.device)
     else:
         o_part = lse_part = out  # unused
+    fused = cfg.num_splits > 1 and cfg.fused_merge and split_counters is not None \
+        and split_counters.numel() >= b * hkv * tiles
+    if fused and (split_counters.dtype != torch.int32 or split_counters.device != q.device):
+        raise ValueError(f"split_counters must be int32 on {q.device}, got {split_counters.dtype} on "
+                         f"{split_counters.device}")
     ieee = q.dtype == torch.float32
     upcast = interpreting() and q.dtype == torch.bfloat16
     _attention_kernel[(tiles, cfg.num_splits, b * hkv)](
         q, ctx_k, ctx_v, new_k, new_v, ctx_lengths, mask_bits, out, o_part, lse_part,
+        split_counters if fused else lse_part,
         q.stride(0), q.stride(1), q.stride(2),
         ctx_k.stride(0), ctx_k.stride(1), ctx_k.stride(2),
         ctx_v.stride(0), ctx_v.stride(1), ctx_v.stride(2),
@@ -302,10 +337,10 @@ def context_attention(q: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_lengths: Tens
         out.stride(0), out.stride(1), out.stride(2),
         n, nk, hkv, group, cfg.num_splits, scale * LOG2E,
         D=d, BLOCK_M=cfg.block_m, BLOCK_S=cfg.block_s, SPLIT=cfg.num_splits > 1,
-        NEW_AFTER_CTX=new_after_context, LOWER=lower_triangular, IEEE=ieee, UPCAST=upcast,
+        NEW_AFTER_CTX=new_after_context, LOWER=lower_triangular, IEEE=ieee, UPCAST=upcast, FUSED_MERGE=fused,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if cfg.num_splits > 1:
+    if cfg.num_splits > 1 and not fused:
         block_r = _merge_rows(b * hkv, rows, q.device)
         _merge_splits_kernel[(triton.cdiv(rows, block_r), b * hkv)](
             o_part, lse_part, out, out.stride(0), out.stride(1), out.stride(2), n, hkv, group, cfg.num_splits,
@@ -324,16 +359,16 @@ def _merge_rows(bh: int, rows: int, device: torch.device) -> int:
 
 def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor, tree_bits: Tensor, scale: float,
                    *, kv_len: int | None = None, config: AttentionConfig | None = None,
-                   out: Tensor | None = None) -> Tensor:
+                   out: Tensor | None = None, split_counters: Tensor | None = None) -> Tensor:
     """The target's verification attention. q [B, H, N, D]; k_cache/v_cache [B, Hkv, S, D] with the N
     tree keys already written at slots [lengths[b], lengths[b] + N); tree_bits [B, N, W] = the packed
     ancestor mask (parents precede children, so it is lower triangular). `kv_len` (host int, >=
-    max(lengths) + N) only sizes the split. Returns [B, H, N, D]."""
+    max(lengths) + N) only sizes the split; `split_counters` as in `context_attention`. Returns [B, H, N, D]."""
     n = q.shape[2]
     hint = (kv_len if kv_len is not None else k_cache.shape[2]) - n
     return context_attention(q, k_cache, v_cache, lengths, k_cache, v_cache, tree_bits, scale,
                              new_after_context=True, lower_triangular=True, context_hint=max(hint, 0),
-                             config=config, out=out)
+                             config=config, out=out, split_counters=split_counters)
 
 
 def attention_bytes(batch: int, kv_heads: int, context: int, n: int, head_dim: int, elem: int) -> int:

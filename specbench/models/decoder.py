@@ -46,6 +46,9 @@ class KVCache:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self._host: list[int] | None = [0] * batch
         self.max_seq_len = max_seq_len
+        # tree attention's merge tickets (zero between its launches, which this cache's forwards issue in
+        # stream order): room for 64 row tiles per (row, KV head)
+        self.split_counters = torch.zeros(batch * num_kv_heads * 64, dtype=torch.int32, device=device)
 
     @property
     def batch(self) -> int:
@@ -66,7 +69,7 @@ class KVCache:
         are seen by both)."""
         out = object.__new__(KVCache)
         out.k, out.v, out.lengths = self.k[:, rows], self.v[:, rows], self.lengths[rows]
-        out._host, out.max_seq_len = None, self.max_seq_len
+        out._host, out.max_seq_len, out.split_counters = None, self.max_seq_len, self.split_counters
         return out
 
     def reset(self) -> None:
@@ -166,6 +169,7 @@ class AttentionMeta:
     kv_len: int  # cache slots the kernel reads: >= max(len) + N
     dense_mask: Tensor | None = None  # [B, 1, N, kv_len], built lazily by the sdpa backend
     tree_bits: Tensor | None = None  # [B, N, ceil(N/32)] int32 packed tree mask, built by the triton backend
+    split_counters: Tensor | None = None  # the cache's int32 workspace for the triton backend's fused merge
 
     def rows(self, n: int) -> "AttentionMeta":
         """This plan for its first n batch rows, what a backend already built for it sliced, not rebuilt
@@ -174,7 +178,7 @@ class AttentionMeta:
             return self
         return AttentionMeta(self.lengths[:n], self.tree_mask[:n], self.kv_len,
                              None if self.dense_mask is None else self.dense_mask[:n],
-                             None if self.tree_bits is None else self.tree_bits[:n])
+                             None if self.tree_bits is None else self.tree_bits[:n], self.split_counters)
 
 
 # On Hopper PyTorch may pick cuDNN for masked attention. cuDNN builds an execution plan per distinct
@@ -505,7 +509,8 @@ class Transformer(nn.Module):
         if kv_len is None:
             kv_len = cache.max_seq_len
         slots = cache.lengths[:, None] + torch.arange(n, device=tokens.device)  # [B, N]
-        meta = AttentionMeta(lengths=cache.lengths, tree_mask=tree_mask, kv_len=kv_len)
+        meta = AttentionMeta(lengths=cache.lengths, tree_mask=tree_mask, kv_len=kv_len,
+                             split_counters=cache.split_counters)
         cos, sin = self.rope(positions)
         x, delta = self.embed(tokens), None  # [B, N, d]: the residual stream is x + delta
         hidden: dict[int, Tensor] = {}

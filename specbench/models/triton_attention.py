@@ -19,4 +19,5 @@ def triton_tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: Att
     if bits is None:
         bits = pack_tree_mask(meta.tree_mask)  # [B, N, W] int32
         meta.tree_bits = bits
-    return tree_attention(q, k_cache, v_cache, meta.lengths, bits, scale, kv_len=meta.kv_len)
+    return tree_attention(q, k_cache, v_cache, meta.lengths, bits, scale, kv_len=meta.kv_len,
+                          split_counters=meta.split_counters)

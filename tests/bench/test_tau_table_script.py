@@ -65,3 +65,23 @@ def test_shards_of_a_cut_run_merge_once_and_damage_fails(tmp_path: Path) -> None
     (tmp_path / "bad.jsonl").write_text(row("0", 1.0) + "\n{not json\n" + row("1", 1.0) + "\n")
     with pytest.raises(json.JSONDecodeError):
         read_rows(tmp_path / "bad.jsonl")
+
+
+def test_device_replay_rows_equal_the_host_walk(tmp_path: Path) -> None:
+    """--replay device (the CUDA default: the device round, a drafter per configuration) writes the host
+    walk's taus, with the shipped dflash head on the default target (the engine's equality for every
+    drafter: tests/spine/test_capturable.py)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "gsm8k_test.jsonl").write_text("".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n"
+                                                   for q in ["What is 2 + 3?", "Count to five."]))
+    host, device = tmp_path / "host.jsonl", tmp_path / "device.jsonl"
+    head = ["--heads", f"dflash={SCRIPT.parents[1] / 'specbench' / 'heads' / 'dflash-smollm2-135m'}", "--drafters", "dflash",
+            "--trees", "ddtree,chain"]
+    run_script(data, host, "--n", "2", "--replay", "host", *head)
+    run_script(data, device, "--n", "2", "--replay", "device", *head)
+    a, b = rows_by_key(host), rows_by_key(device)
+    assert a.keys() == b.keys() and len(a) == 2 * 2
+    for key in a:
+        assert (a[key]["tau"], a[key]["rounds"], a[key]["new_tokens"]) == (b[key]["tau"], b[key]["rounds"],
+                                                                          b[key]["new_tokens"]), key

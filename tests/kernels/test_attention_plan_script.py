@@ -19,7 +19,8 @@ def test_grid_configs_agree_with_the_reference(device) -> None:
     bench = _script()
     from specbench.kernels.tree_attention import AttentionConfig
 
-    cfgs = [AttentionConfig(16, 32, 4, 1, s) for s in (1, 3, 8)] + [AttentionConfig(32, 16, 4, 1, 2)]
+    cfgs = [AttentionConfig(16, 32, 4, 1, s, fused) for s in (1, 3, 8) for fused in (False, True)] \
+        + [AttentionConfig(32, 16, 4, 1, 2)]
     errors = bench.check_configs(4, 2, 16, 5, 40, 64, device, torch.float32, cfgs)
     assert set(errors) == set(cfgs) and max(errors.values()) < 1e-5, errors
     assert {c.block_m for c in bench.grid(3)} == {16}  # an AR step's 3 rows: the smallest row tile only

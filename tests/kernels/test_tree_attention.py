@@ -169,6 +169,54 @@ def test_plan_splits_long_contexts_only() -> None:
     assert long.num_splits > 1
 
 
+# (batch, heads, kv heads, head dim, N, committed lengths, splits): splits with no key (short prefixes, a
+# zero one), several row tiles, a split count past the key tiles
+FUSED = [
+    (1, 4, 1, 64, 1, [77], 3),
+    (2, 6, 2, 64, 13, [0, 45], 5),
+    (1, 12, 3, 64, 70, [33], 3),
+    (1, 3, 3, 128, 5, [130], 7),
+    (2, 2, 2, 64, 9, [200, 5], 4),
+]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the early merge reads unwritten partials
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: "b{}h{}kv{}d{}n{}s{}".format(*c[:5], c[6]))
+def test_fused_merge_equals_the_merge_kernel(device, case, dtype) -> None:
+    """The last split's merge gives the merge kernel's output (the same bits under the interpreter, whose
+    programs run in order), and leaves the tickets zero, so the next call (here with other lengths) is
+    right too."""
+    b, h, hkv, d, n, lengths, splits = case
+    q, k, v, lens, bits = _inputs(b, h, hkv, d, n, lengths, dtype, device, seed=FUSED.index(case))
+    rows = h // hkv * n
+    block_m = 16 if rows <= 16 else 64
+    kernel = AttentionConfig(block_m, 32, 4, 2, splits)
+    fused = AttentionConfig(block_m, 32, 4, 2, splits, fused_merge=True)
+    counters = torch.zeros(b * hkv * -(-rows // block_m), dtype=torch.int32, device=device)
+    for lens_now in (lens, torch.clamp(lens - 40, min=0)):
+        want = tree_attention(q, k, v, lens_now, bits, d ** -0.5, config=kernel)
+        got = tree_attention(q, k, v, lens_now, bits, d ** -0.5, config=fused, out=torch.full_like(q, float("nan")),
+                             split_counters=counters)
+        if device == "cpu":
+            assert torch.equal(got, want)
+        else:
+            assert rel_err(got, want) <= TOL[dtype] / 100
+        assert rel_err(got, tree_attention_reference(q, k, v, lens_now, bits, d ** -0.5)) <= TOL[dtype]
+        assert not counters.any()
+    if device == "cpu":  # the fused path ran: tickets that start at 1 let a split merge before the last one
+        counters.fill_(1)
+        early = tree_attention(q, k, v, lens, bits, d ** -0.5, config=fused, out=torch.zeros_like(q),
+                               split_counters=counters)
+        assert not torch.equal(early, tree_attention(q, k, v, lens, bits, d ** -0.5, config=kernel))
+        counters.zero_()
+    small = counters[:1] if counters.numel() > 1 else None  # too small for the launch: the merge kernel
+    assert torch.equal(tree_attention(q, k, v, lens, bits, d ** -0.5, config=fused, split_counters=small),
+                       tree_attention(q, k, v, lens, bits, d ** -0.5, config=kernel))
+    with pytest.raises(ValueError, match="split_counters must be int32"):
+        tree_attention(q, k, v, lens, bits, d ** -0.5, config=fused, split_counters=counters.long())
+
+
 def test_bad_inputs_fail_with_a_message(device) -> None:
     q, k, v, lens, bits = _inputs(1, 4, 2, 64, 5, [8], torch.float32, device, seed=0)
     with pytest.raises(ValueError, match="multiple of KV heads"):

@@ -104,3 +104,31 @@ def test_the_checker_catches_a_host_read() -> None:
     with no_host_reads():
         (x * 2).sum()  # device work is fine
         x[x.argmax().view(1)]
+
+
+@pytest.mark.parametrize("extra", [16, 0], ids=["extra16", "to-the-end"])
+@pytest.mark.parametrize("drafter, tree, budget", [c for c in CASES if c[0] is not None],
+                         ids=[f"{d}/{t}/{b}" for d, t, b in CASES if d is not None])
+def test_replay_rounds_read_nothing_back_and_match_the_host_walk(tiny, drafter, tree, budget, extra) -> None:
+    """Exact replay as the device round (its stages checked for host reads from the second round on; the
+    default on CUDA) gives the host walk's rounds and AR's tokens; with no tokens past the reference's end
+    (extra 0) the last walks reach it and drop their bonus as the host walk does."""
+    from specbench.bench.replay import build_references, replay
+    from specbench.trees import TREE_POLICIES
+
+    name = drafter.partition(":")[0]
+    policy = TREE_POLICIES.build(tree)
+    spec = SpecConfig(drafter=name, tree=tree, budget=budget)
+    on_device = SpecDecoder(tiny, spec, max_seq_len=128, drafter=_drafter(tiny, drafter), policy=policy,
+                            capture_check=no_host_reads, replay_on_device=True)
+    on_host = SpecDecoder(tiny, spec, max_seq_len=128, drafter=_drafter(tiny, drafter), policy=policy,
+                          replay_on_device=False)
+    assert on_device.replay_on_device and not on_host.replay_on_device
+    refs = build_references(tiny, PROMPTS, 24, on_device.drafter.taps, extra=extra, batch_size=1)
+    ar = SpecDecoder(tiny, SpecConfig(), max_seq_len=128)
+    for prompt, ref in zip(PROMPTS, refs):
+        got = replay(on_device.drafter, ref, policy, budget, 24, decoder=on_device)
+        want = replay(on_host.drafter, ref, policy, budget, 24, decoder=on_host)
+        assert got.accepted == want.accepted and got.output == want.output == ar.generate(prompt, 24).tokens
+        assert got.ref_exhausted == want.ref_exhausted
+    assert on_device.captured == () or all(k.startswith("replay:") for k in on_device.captured)
