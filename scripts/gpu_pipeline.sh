@@ -36,6 +36,8 @@
 #            scripts/bench_top_b_tree.py (TB_BENCH=0: not); BENCH_ARGS="--trace --rounds 2": graph timelines, A B A B;
 #            the faster level on SmolLM2's AR
 #            step becomes SPECBENCH_FUSED_LEVEL for what follows
+#   replaybench  scripts/bench_replay.py: exact replay's host walk against the graphed device round, timed, on the
+#            same references (RB_ARGS: its flags, e.g. --configs dflash/ddtree/64 --n 2; RB_S its timeout)
 #   gputests python -m pytest -m "$GPUTEST_MARK" $GPUTEST_PATHS (default: -m gpu tests/gpu; SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD,
 #            default the shipped head); GPUTEST_PATHS="tests/kernels tests/gpu" GPUTEST_MARK="gpu or not slow" adds every
 #            kernel test on CUDA; autotuned kernels compile their first config only (GPUTEST_AUTOTUNE=all: every one);
@@ -250,6 +252,15 @@ EOF
   export SPECBENCH_FUSED_LEVEL=${FORCE_LEVEL:-$level}; log "fused level for what follows: $SPECBENCH_FUSED_LEVEL"
   echo $SPECBENCH_FUSED_LEVEL > $K/level.txt
   bundle pack kernels kernels --spool $SPOOL --base $P
+}
+
+phase_replaybench() {
+  local R=$P/replaybench; mkdir -p $R
+  log "exact replay: the host walk vs the graphed device round"
+  timeout ${RB_S:-300} python3 scripts/bench_replay.py --device $DEVICE --data $SPECBENCH_DATA ${RB_ARGS:-} \
+    --out $R/replaybench.json > $R/replaybench.txt 2>&1 || failed "bench_replay" $?
+  tail -12 $R/replaybench.txt
+  bundle pack replaybench replaybench --spool $SPOOL --base $P
 }
 
 phase_gputests() {
