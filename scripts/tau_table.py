@@ -280,9 +280,17 @@ def main() -> int:
     done = {(r["dataset"], r["id"], r["drafter"], r["tree"], r["budget"]) for r in rows}
     taps = sorted({t for d in drafters.values() for t in d.taps})  # type: ignore[attr-defined]
     if args.replay == "device" or (args.replay == "auto" and target.device.type == "cuda"):
-        builders = drafter_builders(target, args)  # the device round's graphs hold their drafter's buffers: one each
-        decoders = {c: replay_decoder(builders[c[0]](), policies[c[1]], c[2],  # type: ignore[operator]
-                                      replay_on_device=True) for c in configs}
+        builders, used = drafter_builders(target, args), set()
+
+        def own(label: str):  # type: ignore[no-untyped-def]
+            """A drafter no other decoder uses (the device round's graphs hold its buffers): the loaded one
+            for a label's first configuration, a fresh one for each further one."""
+            if label in used:
+                return builders[label]()  # type: ignore[operator]
+            used.add(label)
+            return drafters[label]
+
+        decoders = {c: replay_decoder(own(c[0]), policies[c[1]], c[2], replay_on_device=True) for c in configs}
     else:  # the host walk: one drafter serves its trees and budgets (its precomputation along a reference too)
         decoders = {c: replay_decoder(drafters[c[0]], policies[c[1]], c[2], replay_on_device=False)  # type: ignore[arg-type]
                     for c in configs}

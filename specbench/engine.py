@@ -446,30 +446,25 @@ class SpecDecoder:
     def _commit(self, tree: DraftTree, out: ForwardOutput, acc: Acceptance) -> tuple[Tensor, DraftTree, ForwardOutput]:
         """Commit on the device; returns the round's readout [2 + 2N (+ 1) + 1]: the Acceptance, the
         tree's tokens, a branching drafter's flag, the finite flag (and the tree and the forward's
-        output, for the host)."""
-        # 1 = every logit finite (the cat promotes the flag to int64)
-        finite = all_finite(out.logits).view(1) if self.check_finite else acc.count.new_ones(1)
+        output, for the host). In a replay round the reference's position moves on instead of the
+        cache, and past the reference's end the walk has no bonus (-1): the anchor stays a valid id."""
+        # 1 = every logit finite (the cat promotes the flag to int64); a replay round has no logits
+        check = self.check_finite and not self._replaying
+        finite = all_finite(out.logits).view(1) if check else acc.count.new_ones(1)
         parts = [acc.packed, tree.tokens]  # the tokens before the anchor (AR's tree token) moves on
-        self.cache.commit_packed(acc.path, acc.count)
+        bonus = acc.bonus
+        if self._replaying:
+            assert self._replay is not None
+            self._replay.position.add_(acc.count)
+            bonus = bonus.clamp(min=0)
+        else:
+            self.cache.commit_packed(acc.path, acc.count)
         if self.drafter is not None and self.device_drafting:
             self.drafter.observe(tree, acc, out)
             if self.branching:
                 parts.append(self.drafter.branch_flag())
-        self.anchor.copy_(acc.bonus)
+        self.anchor.copy_(bonus)
         return torch.cat([*parts, finite]), tree, out
-
-    def _commit_replayed(self, tree: DraftTree, out: ForwardOutput, acc: Acceptance) -> tuple[Tensor, DraftTree, ForwardOutput]:
-        """`_commit` of a replay round: the reference's position moves on instead of the cache; past the
-        reference's end the walk has no bonus (-1), and the anchor stays a valid id."""
-        replay = self._replay
-        assert replay is not None and self.drafter is not None
-        parts = [acc.packed, tree.tokens]
-        replay.position.add_(acc.count)
-        self.drafter.observe(tree, acc, out)
-        if self.branching:
-            parts.append(self.drafter.branch_flag())
-        self.anchor.copy_(acc.bonus.clamp(min=0))
-        return torch.cat([*parts, acc.count.new_ones(1)]), tree, out
 
     def _device_stages(self, state: DraftState, sampling: SamplingConfig) -> tuple[list[Stage], list[Stage]]:
         """(eager prefix, capturable rest) of a round decided on the device; in exact replay the verify
@@ -486,7 +481,7 @@ class SpecDecoder:
             rest = [
                 ("verify_forward", lambda tree: (tree, replay.forward(tree))),
                 ("verify", lambda x: (*x, Acceptance(accept_packed(x[0], replay.picks(x[0]))))),
-                ("commit", lambda x: self._commit_replayed(*x)),
+                ("commit", lambda x: self._commit(*x)),
             ]
         side = self._side_phase(state)
         if side is not None:  # beside the verify forward, reading the tree only (x[0]), before the commit

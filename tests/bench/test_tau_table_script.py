@@ -69,7 +69,8 @@ def test_shards_of_a_cut_run_merge_once_and_damage_fails(tmp_path: Path) -> None
 
 def test_device_replay_rows_equal_the_host_walk(tmp_path: Path) -> None:
     """--replay device (the CUDA default: the device round, a drafter per configuration) writes the host
-    walk's taus, with the shipped dflash head on the default target (the engine's equality for every
+    walk's taus, with the shipped dflash head on the default target: chain replays on the device here,
+    ddtree (built on the host on the CPU) keeps the host walk (the engine's equality for every capturable
     drafter: tests/spine/test_capturable.py)."""
     data = tmp_path / "data"
     data.mkdir()
