@@ -40,7 +40,8 @@ from specbench.trees.base import DraftTree
 
 CONTEXT = {"smollm2-135m-shape": 512, "qwen3-8b-shape": 2048}
 VARIANTS = (("elementwise", "triton"), ("gemm", "triton"), ("reference", "triton"), ("elementwise", "sdpa"),
-            ("gemm", "sdpa"), ("reference", "sdpa"))
+            ("gemm", "sdpa"), ("reference", "sdpa"), ("gemm", "triton-merge"), ("gemm", "triton-split-merge"))
+DEFAULT_VARIANTS = VARIANTS[:6]  # the triton-merge twins (where the splits merge) are asked for by name
 
 
 def copy_bandwidth(nbytes: int = 4 << 30, repeats: int = 20) -> float:
@@ -189,7 +190,7 @@ def bench_variant(model, cache, ops: str, attention: str, context: int, tree: Dr
                for c in op.choices()]  # every per-shape op of the level
     if choices:
         row["gemm_choices"] = choices
-    if profile and attention == "triton" and ops != "reference":
+    if profile and attention.startswith("triton") and ops != "reference":
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
         for label, t in (("AR step", DraftTree.root_only(7, "cuda")), ("verify(65)", tree)):
@@ -203,7 +204,7 @@ def bench_variant(model, cache, ops: str, attention: str, context: int, tree: Dr
 
 
 def bench_shape(shape: str, bandwidth: float, repeats: int, profile: bool,
-                variants: tuple[tuple[str, str], ...] = VARIANTS, trace: bool = False, rounds: int = 1) -> list[dict]:
+                variants: tuple[tuple[str, str], ...] = DEFAULT_VARIANTS, trace: bool = False, rounds: int = 1) -> list[dict]:
     target = load_target(f"random:{shape}", device="cuda", dtype="bfloat16")
     model, cfg = target.model, target.config
     context = CONTEXT.get(shape, 1024)
@@ -255,7 +256,7 @@ def main() -> None:
     p.add_argument("--trace", action="store_true", help="the captured AR/verify graphs' replay timelines (gaps)")
     p.add_argument("--rounds", type=int, default=1,
                    help="time every variant this many times in turn (A B A B ...): an order or warm-up effect shows")
-    p.add_argument("--variants", default=",".join(f"{o}/{a}" for o, a in VARIANTS),
+    p.add_argument("--variants", default=",".join(f"{o}/{a}" for o, a in DEFAULT_VARIANTS),
                    help="LEVEL/ATTENTION pairs to time, the first is the logits reference (default: all)")
     p.add_argument("--out", default=None)
     args = p.parse_args()

@@ -20,6 +20,7 @@ graph. Softmax is online, in fp32 (base 2).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -359,13 +360,21 @@ def _merge_rows(bh: int, rows: int, device: torch.device) -> int:
 
 def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor, tree_bits: Tensor, scale: float,
                    *, kv_len: int | None = None, config: AttentionConfig | None = None,
-                   out: Tensor | None = None, split_counters: Tensor | None = None) -> Tensor:
+                   out: Tensor | None = None, split_counters: Tensor | None = None,
+                   fused_merge: bool | None = None) -> Tensor:
     """The target's verification attention. q [B, H, N, D]; k_cache/v_cache [B, Hkv, S, D] with the N
     tree keys already written at slots [lengths[b], lengths[b] + N); tree_bits [B, N, W] = the packed
     ancestor mask (parents precede children, so it is lower triangular). `kv_len` (host int, >=
-    max(lengths) + N) only sizes the split; `split_counters` as in `context_attention`. Returns [B, H, N, D]."""
+    max(lengths) + N) only sizes the split; `split_counters` as in `context_attention`; `fused_merge` (without
+    `config`) overrides the plan's choice of where the splits merge (None: `FUSED_MERGE_BY_DEFAULT`).
+    Returns [B, H, N, D]."""
     n = q.shape[2]
     hint = (kv_len if kv_len is not None else k_cache.shape[2]) - n
+    if config is None and fused_merge is not None:
+        b, h, _, _ = q.shape
+        hkv = k_cache.shape[1]
+        config = dataclasses.replace(plan_attention(b, hkv, h // hkv, n, max(hint, 0), q.device, q.dtype),
+                                     fused_merge=fused_merge)
     return context_attention(q, k_cache, v_cache, lengths, k_cache, v_cache, tree_bits, scale,
                              new_after_context=True, lower_triangular=True, context_hint=max(hint, 0),
                              config=config, out=out, split_counters=split_counters)

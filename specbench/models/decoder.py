@@ -214,7 +214,14 @@ AttentionFn = Callable[[Tensor, Tensor, Tensor, AttentionMeta, float], Tensor]
 ATTENTION_BACKENDS: dict[str, str | AttentionFn] = {
     "sdpa": sdpa_attention,
     "triton": "specbench.models.triton_attention:triton_tree_attention",
+    "triton-merge": "specbench.models.triton_attention:triton_tree_attention_merged",
+    "triton-split-merge": "specbench.models.triton_attention:triton_tree_attention_split_merge",
 }
+
+
+def is_triton_backend(name: str) -> bool:
+    """Whether backend `name` runs the tree-attention kernel (drafters then use the kernel's packed masks)."""
+    return name == "triton" or name.startswith("triton-")
 
 
 def get_attention_backend(name: str) -> AttentionFn:

@@ -1,4 +1,8 @@
-"""The `triton` attention backend of the native decoder: the tree-attention kernel on the static cache.
+"""The `triton` attention backends of the native decoder: the tree-attention kernel on the static cache.
+
+`triton` takes the kernel's plan as it is; `triton-merge` and `triton-split-merge` force where the splits of
+the prefix merge (in the attention kernel's last split, or in the merge kernel after it), so both can be timed
+in one run (scripts/bench_step.py) whichever one `FUSED_MERGE_BY_DEFAULT` picks.
 
 The tree mask is packed into the kernel's bitmask once per forward (on the first layer) and kept on
 the shared AttentionMeta, so the other layers reuse it; nothing here reads the device.
@@ -13,11 +17,24 @@ from specbench.kernels.tree_attention import tree_attention
 from specbench.models.decoder import AttentionMeta
 
 
-def triton_tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
+def triton_tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta, scale: float,
+                          fused_merge: bool | None = None) -> Tensor:
     """q [B, H, N, D]; k_cache, v_cache [B, Hkv, S, D] with the new K/V at slots [len, len + N)."""
     bits = getattr(meta, "tree_bits", None)
     if bits is None:
         bits = pack_tree_mask(meta.tree_mask)  # [B, N, W] int32
         meta.tree_bits = bits
     return tree_attention(q, k_cache, v_cache, meta.lengths, bits, scale, kv_len=meta.kv_len,
-                          split_counters=meta.split_counters)
+                          split_counters=meta.split_counters, fused_merge=fused_merge)
+
+
+def triton_tree_attention_merged(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta,
+                                 scale: float) -> Tensor:
+    """`triton` with the splits merged in the attention kernel (no merge kernel)."""
+    return triton_tree_attention(q, k_cache, v_cache, meta, scale, fused_merge=True)
+
+
+def triton_tree_attention_split_merge(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta,
+                                      scale: float) -> Tensor:
+    """`triton` with the splits merged by the merge kernel after the attention kernel."""
+    return triton_tree_attention(q, k_cache, v_cache, meta, scale, fused_merge=False)

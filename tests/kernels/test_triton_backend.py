@@ -15,12 +15,12 @@ from specbench.models import load_target  # noqa: E402
 from specbench.trees.base import DraftTree  # noqa: E402
 
 
-def _prefill_then_tree(target, prompt_len: int, batch: int = 1):
+def _prefill_then_tree(target, prompt_len: int, batch: int = 1, cache_len: int = 96):
     """Logits of a prefill and of a tree verify pass after it (rows of the batch at different lengths)."""
     g = torch.Generator().manual_seed(0)
     dev = target.device
     vocab = target.config.vocab_size
-    cache = target.new_cache(96, batch=batch)
+    cache = target.new_cache(cache_len, batch=batch)
     ids = torch.randint(0, vocab, (batch, prompt_len), generator=g).to(dev)
     pre = target.forward(ids, torch.arange(prompt_len, device=dev).expand(batch, -1), cache, kv_len=prompt_len).logits
     for row in range(batch):
@@ -42,6 +42,23 @@ def test_triton_logits_equal_sdpa(device, preset) -> None:
         got_pre, got_tree = _prefill_then_tree(triton_target, 37, batch)
         assert rel_err(got_pre, ref_pre) <= 1e-5
         assert rel_err(got_tree, ref_tree) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", ["triton-merge", "triton-split-merge"])
+def test_split_merge_backends_equal_sdpa(device, backend) -> None:
+    """Both places of the split merge, over a prefix long enough that the plan splits it."""
+    from specbench.kernels.tree_attention import plan_attention
+
+    prompt = 300
+    target = load_target("random:tiny-llama@1", device=device, dtype="float32", attention=backend)
+    cfg = target.config
+    group = cfg.num_heads // cfg.num_kv_heads
+    assert plan_attention(1, cfg.num_kv_heads, group, 11, prompt, torch.device(device), torch.float32).num_splits > 1
+    sdpa = load_target("random:tiny-llama@1", device=device, dtype="float32")
+    ref_pre, ref_tree = _prefill_then_tree(sdpa, prompt, 1, cache_len=320)
+    got_pre, got_tree = _prefill_then_tree(target, prompt, 1, cache_len=320)
+    assert rel_err(got_pre, ref_pre) <= 1e-5
+    assert rel_err(got_tree, ref_tree) <= 1e-5
 
 
 def _greedy_sd_equals_ar(target, budget: int) -> int:

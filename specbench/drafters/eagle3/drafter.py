@@ -33,7 +33,7 @@ from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState, Weights
 from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers
 from specbench.kernels.masks import pack_tree_mask
-from specbench.models.decoder import AttentionFn, AttentionMeta, ForwardOutput, KVCache, sdpa_attention
+from specbench.models.decoder import AttentionFn, AttentionMeta, ForwardOutput, KVCache, is_triton_backend, sdpa_attention
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
 from specbench.trees.grow import grow_tree
@@ -235,7 +235,7 @@ class Eagle3Drafter(Drafter):
 
     @property
     def _triton(self) -> bool:
-        return self.target.model.attention == "triton"
+        return is_triton_backend(self.target.model.attention)
 
     def _bits_attention(self, bits: Tensor, f: int, drafted: int) -> tuple[AttentionMeta, AttentionFn]:
         """What a head pass over the last f of the `drafted` draft rows attends to, for the Triton kernel:

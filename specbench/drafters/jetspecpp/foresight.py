@@ -43,7 +43,7 @@ from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.heads.drafter import BlockPlan
 from specbench.drafters.jetspecpp.decoder import SliceDecoder, cached_layers
 from specbench.kernels.masks import pack_tree_mask
-from specbench.models.decoder import AttentionFn, AttentionMeta, KVCache, sdpa_attention
+from specbench.models.decoder import AttentionFn, AttentionMeta, KVCache, is_triton_backend, sdpa_attention
 from specbench.trees.base import DraftTree
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class OutcomeBatch:
         s = drafter.cache.max_seq_len  # type: ignore[union-attr]
         slot_after = table(("arange", 1, s + 1), lambda: torch.arange(1, s + 1, device=dev))[: ctx.kv_len]
         self._metas: dict[str, tuple[AttentionMeta, AttentionFn]] = {}
-        triton = model.attention == "triton"
+        triton = is_triton_backend(model.attention)
 
         def meta(pattern: str) -> tuple[AttentionMeta, AttentionFn]:  # one per block pattern, every pass and layer
             if pattern not in self._metas:
