@@ -122,13 +122,16 @@ phase_corpus() {
   log "corpus for ${GEN_MINUTES:-5} min"
   GEN_MINUTES=${GEN_MINUTES:-5} bash scripts/gpu_train_session.sh corpus > $P/corpus.txt 2>&1
   tail -25 $P/corpus.txt; touch $P/corpus.done
+  grep -q "^specbench: error" $P/corpus.txt && failed "corpus generate" 2  # e.g. GEN_SHARDS past shard 15 (16 shards)
 }
 
 phase_train() {
   log "train probe: ${PROBE_STEPS:-40} steps"
-  python3 -m specbench.cli train $common --drafter $HEADS --out $RUN --steps 100000 --until-step ${PROBE_STEPS:-40} > $P/train_probe.txt 2>&1
+  python3 -m specbench.cli train $common --drafter $HEADS --out $RUN --steps 100000 --until-step ${PROBE_STEPS:-40} > $P/train_probe.txt 2>&1 \
+    || { tail -5 $P/train_probe.txt; failed "train probe" $?; return; }  # e.g. no finished corpus shard
   tail -5 $P/train_probe.txt
-  heads=$HEADS sched_extra="" train_scheduled $RUN ${TRAIN_END_S:-930} ${PROBE_STEPS:-40} $(probe_rate $RUN)
+  local rate; rate=$(probe_rate $RUN) || { failed "train probe rate" $?; return; }
+  heads=$HEADS sched_extra="" train_scheduled $RUN ${TRAIN_END_S:-930} ${PROBE_STEPS:-40} $rate
   report_heads $RUN train
   log "train done"; touch $P/train.done
 }
@@ -246,10 +249,13 @@ for r in rows:  # host-launch gap varies by run: bench_step.py's docstring)
     if r["attention"] == "triton":
         ms.setdefault(r["ops"], []).append(r.get("ar_b2b_ms", r["ar_ms"]))
 ms = {k: sorted(v)[len(v) // 2] for k, v in ms.items()}
-print("gemm" if "gemm" in ms and "elementwise" in ms and ms["gemm"] < ms["elementwise"] else "elementwise")
+if "gemm" in ms and "elementwise" in ms:  # only a comparison decides; else the code's default level stays
+    print("gemm" if ms["gemm"] < ms["elementwise"] else "elementwise")
 EOF
 )
-  export SPECBENCH_FUSED_LEVEL=${FORCE_LEVEL:-$level}; log "fused level for what follows: $SPECBENCH_FUSED_LEVEL"
+  level=${FORCE_LEVEL:-$level}
+  if [ -n "$level" ]; then export SPECBENCH_FUSED_LEVEL=$level; log "fused level for what follows: $level"
+  else log "fused level for what follows: the default (both levels were not timed)"; fi
   echo $SPECBENCH_FUSED_LEVEL > $K/level.txt
   bundle pack kernels kernels --spool $SPOOL --base $P
 }

@@ -18,6 +18,23 @@ def autotune_first_only() -> bool:
     return os.environ.get("SPECBENCH_AUTOTUNE", "") == "first"
 
 
+def tile_footprint(config) -> int:  # type: ignore[no-untyped-def]
+    """A row kernel config's pipelined operand elements (num_stages x (BLOCK_M + BLOCK_N) x BLOCK_K): what its
+    shared memory grows with."""
+    kw = config.kwargs
+    return config.num_stages * (kw.get("BLOCK_M", 1) + kw.get("BLOCK_N", 1)) * kw.get("BLOCK_K", 1)
+
+
+def autotune_kept(kept: list) -> list:  # type: ignore[type-arg]
+    """What an autotuner's pruner returns: every config it kept, or under SPECBENCH_AUTOTUNE=first the one of the
+    smallest `tile_footprint`. Autotuning skips a config that asks more shared memory than the device has;
+    a single config cannot be skipped, so it must be one that fits (the first of the list did not: fp32 row
+    tiles of 64-128 rows asked 280 KB of an H200's 227, 2026-12-03)."""
+    if not autotune_first_only() or len(kept) <= 1:
+        return kept
+    return [min(kept, key=tile_footprint)]
+
+
 def require_kernel_device(t: torch.Tensor) -> None:
     if t.device.type != "cuda" and not interpreting():
         raise RuntimeError(f"the Triton kernels need CUDA tensors (got {t.device}); set TRITON_INTERPRET=1 "

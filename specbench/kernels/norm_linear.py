@@ -54,7 +54,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.testing import do_bench
 
-from specbench.kernels.device import autotune_first_only, interpreting, require_kernel_device
+from specbench.kernels.device import autotune_kept, interpreting, require_kernel_device
 from specbench.kernels.fused import rmsnorm, silu_mul
 
 MAX_ROWS = 128  # beyond this (prefill) the product is compute-bound: cuBLAS with the element-wise kernel
@@ -85,7 +85,7 @@ _GEMV_CONFIGS = [  # one row: BLOCK_N x BLOCK_K fp32 partial sums in registers (
 
 def _pruner(interpreter_config: triton.Config, min_n: int, min_k: int):  # type: ignore[no-untyped-def]
     """Autotune's config filter: under the interpreter its one small config; else the configs whose blocks
-    do not exceed N and K (rounded up to powers of two, at least min_n / min_k); only the first of them under
+    do not exceed N and K (rounded up to powers of two, at least min_n / min_k); only the smallest of them under
     SPECBENCH_AUTOTUNE=first (correctness runs)."""
     def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
         if interpreting():
@@ -94,7 +94,7 @@ def _pruner(interpreter_config: triton.Config, min_n: int, min_k: int):  # type:
         kept = [c for c in configs if c.kwargs["BLOCK_N"] <= max(min_n, triton.next_power_of_2(n))
                 and c.kwargs["BLOCK_K"] <= max(min_k, triton.next_power_of_2(k))]
         kept = kept or configs[:1]
-        return kept[:1] if autotune_first_only() else kept
+        return autotune_kept(kept)
     return prune
 
 

@@ -23,7 +23,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.testing import do_bench
 
-from specbench.kernels.device import autotune_first_only, interpreting, require_kernel_device
+from specbench.kernels.device import autotune_kept, interpreting, require_kernel_device
 from specbench.kernels.fused import qkv_rope, rmsnorm
 from specbench.kernels.norm_linear import (MAX_ROWS, _bucket, _dot, _precision, add_rmsnorm_linear,
                                            add_rmsnorm_then_linear, covering_row_tiles)
@@ -36,14 +36,14 @@ _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_K": 32}, num_warps=4)
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Row tiles up to the one that covers M, smaller ones too (a program owns one head, so at 65 rows
     two tiles of 64 leave SmolLM2's 15 heads 30 programs for 132 SMs: the H200 ran them 8.9 us against
-    6.2 unfused, docs/measurements/README.md); K strips no longer than K; the first only under
+    6.2 unfused, docs/measurements/README.md); K strips no longer than K; the smallest only under
     SPECBENCH_AUTOTUNE=first; the interpreter's one small config."""
     if interpreting():
         return [_INTERPRETER_CONFIG]
     cover = max(c.kwargs["BLOCK_M"] for c in covering_row_tiles(configs, named_args["M_BUCKET"]))
     kept = [c for c in configs if c.kwargs["BLOCK_M"] <= cover
             and c.kwargs["BLOCK_K"] <= max(64, triton.next_power_of_2(named_args["K"]))] or configs[:1]
-    return kept[:1] if autotune_first_only() else kept
+    return autotune_kept(kept)
 
 
 @triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "K", "HALF"], prune_configs_by={"early_config_prune": _prune},

@@ -33,7 +33,11 @@ from specbench.kernels.masks import num_words
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128)
-FUSED_MERGE_BY_DEFAULT = False  # until timed on a GPU (scripts/bench_attention_plan.py --plan-only)
+# The plan fuses the merge for trees of at most this many nodes: the decode step. On an H200 (2026-12-03,
+# docs/measurements/README.md) the fused merge ran Qwen3-8B's one-node attention in 10.6 us against 12.0 (its
+# AR step 4.73-4.75 ms against 4.79-4.82 back to back), SmolLM2's in 6.7 against 6.5 (its AR step unchanged
+# within 0.01 ms), and lost at 17 and 65 nodes for both (SmolLM2 9.1 against 8.2 us, Qwen3-8B 21.7 against 17.9).
+FUSED_MERGE_MAX_NODES = 1
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -238,7 +242,7 @@ def plan_attention(batch: int, kv_heads: int, group: int, n: int, context_hint: 
     base = batch * kv_heads * triton.cdiv(rows, block_m)
     want = triton.cdiv(2 * num_sms(device), base)
     splits = max(1, min(want, context_hint // (4 * block_s), 64))  # at least four key tiles per split
-    return AttentionConfig(block_m, block_s, warps, stages, splits, fused_merge=FUSED_MERGE_BY_DEFAULT)
+    return AttentionConfig(block_m, block_s, warps, stages, splits, fused_merge=n <= FUSED_MERGE_MAX_NODES)
 
 
 def _check(q: Tensor, tensors: dict[str, Tensor], ctx_lengths: Tensor, mask_bits: Tensor, num_new: int) -> None:
@@ -366,7 +370,7 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
     tree keys already written at slots [lengths[b], lengths[b] + N); tree_bits [B, N, W] = the packed
     ancestor mask (parents precede children, so it is lower triangular). `kv_len` (host int, >=
     max(lengths) + N) only sizes the split; `split_counters` as in `context_attention`; `fused_merge` (without
-    `config`) overrides the plan's choice of where the splits merge (None: `FUSED_MERGE_BY_DEFAULT`).
+    `config`) overrides the plan's choice of where the splits merge (None: fused up to `FUSED_MERGE_MAX_NODES` nodes).
     Returns [B, H, N, D]."""
     n = q.shape[2]
     hint = (kv_len if kv_len is not None else k_cache.shape[2]) - n

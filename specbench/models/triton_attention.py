@@ -2,7 +2,7 @@
 
 `triton` takes the kernel's plan as it is; `triton-merge` and `triton-split-merge` force where the splits of
 the prefix merge (in the attention kernel's last split, or in the merge kernel after it), so both can be timed
-in one run (scripts/bench_step.py) whichever one `FUSED_MERGE_BY_DEFAULT` picks.
+in one run (scripts/bench_step.py) whichever one the plan picks (`FUSED_MERGE_MAX_NODES`).
 
 The tree mask is packed into the kernel's bitmask once per forward (on the first layer) and kept on
 the shared AttentionMeta, so the other layers reuse it; nothing here reads the device.

@@ -266,3 +266,12 @@ def test_packing_and_attention_replay_in_a_cuda_graph(cuda) -> None:
     graph.replay()
     ref = tree_attention_reference(q, k, v, lens, pack_tree_mask(mask), 0.088)
     assert rel_err(captured, ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("n, fused", [(1, True), (17, False), (65, False)])
+def test_plan_fuses_the_merge_of_the_decode_step_only(n, fused) -> None:
+    """Where the H200 measured the fused merge faster (one node; docs/measurements/README.md)."""
+    from specbench.kernels.tree_attention import plan_attention
+
+    for dtype in (torch.bfloat16, torch.float32):
+        assert plan_attention(1, 8, 4, n, 2048, torch.device("cpu"), dtype).fused_merge is fused
