@@ -77,8 +77,8 @@ def fused_gate_up_silu(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tenso
     resid = torch.empty_like(x)
     grid = (triton.cdiv(m, bm) * triton.cdiv(inter, bn),)
     nl._add_rmsnorm_gate_up_silu_kernel.fn[grid](
-        x, delta, norm_w, w_gu, act, resid, m, inter, k, max(bm, triton.next_power_of_2(m)), 1e-5,
-        x.stride(0), delta.stride(0), resid.stride(0), w_gu.stride(0), act.stride(0),
+        x, delta, norm_w, w_gu, act, resid, x, m, inter, k, max(bm, triton.next_power_of_2(m)), 1e-5, 0,
+        x.stride(0), delta.stride(0), resid.stride(0), w_gu.stride(0), act.stride(0), 0,
         HAS_DELTA=True, **nl._precision(w_gu.dtype), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=warps, num_stages=stages)
     return act

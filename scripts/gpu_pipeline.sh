@@ -31,7 +31,7 @@
 #            jetspec++ variants fill=mask, p_mask_only=1, attention=bidirectional (Tables 4 and 15)
 #   kernels  the CUDA kernel tests of the fused levels, then scripts/bench_step.py (elementwise vs gemm, SmolLM2 and
 #            Qwen3-8B shapes; BENCH_ARGS e.g. --profile: the AR step's and verify pass's kernel tables), then
-#            scripts/bench_norm_linear.py (NL_BENCH=0: not), scripts/bench_attention_plan.py (AP_BENCH=0: not; AP_ARGS e.g.
+#            scripts/bench_norm_stats.py (NS_BENCH=0: not), scripts/bench_norm_linear.py (NL_BENCH=0: not), scripts/bench_attention_plan.py (AP_BENCH=0: not; AP_ARGS e.g.
 #            --plan-only: the plan and its twin of the other split merge only) and
 #            scripts/bench_top_b_tree.py (TB_BENCH=0: not); BENCH_ARGS="--trace --rounds 2": graph timelines, A B A B;
 #            the faster level on SmolLM2's AR
@@ -222,6 +222,11 @@ phase_kernels() {
   timeout ${BENCH_S:-180} python3 scripts/bench_step.py --shapes ${BENCH_SHAPES:-smollm2-135m-shape,qwen3-8b-shape} \
     --variants ${BENCH_VARIANTS:-elementwise/triton,gemm/triton} ${BENCH_ARGS:-} --out $K/bench_step.json > $K/bench_step.txt 2>&1 || failed "bench_step" $?
   grep -v "^ *$" $K/bench_step.txt | tail -30
+  if [ "${NS_BENCH:-1}" = 1 ]; then
+    log "bench_norm_stats (a layer's chain without its RMSNorm kernels: the norms' statistics from the products)"
+    timeout ${NS_BENCH_S:-150} python3 scripts/bench_norm_stats.py --out $K/norm_stats.json > $K/norm_stats.txt 2>&1 || failed "bench_norm_stats" $?
+    tail -6 $K/norm_stats.txt
+  fi
   if [ "${NL_BENCH:-1}" = 1 ]; then
     log "bench_norm_linear (the row kernels' configs at 17/65 rows vs the unfused compositions)"
     timeout ${NL_BENCH_S:-180} python3 scripts/bench_norm_linear.py --out $K/bench_norm_linear.json > $K/bench_norm_linear.txt 2>&1

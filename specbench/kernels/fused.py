@@ -64,11 +64,25 @@ def rmsnorm(x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None) 
 
 
 @triton.jit
-def _load_head(ptr, d, rot, W, eps, HAS_NORM: tl.constexpr, D: tl.constexpr):
+def _row_rstd(RowSS, rows, row_ok, NT, stride_ss, K, eps, NT_P: tl.constexpr):
+    """[BLOCK_M] 1/rms of the rows from their sums of squares by column tile, RowSS [M, NT] fp32."""
+    t = tl.arange(0, NT_P)
+    parts = tl.load(RowSS + rows[:, None] * stride_ss + t[None, :], mask=row_ok[:, None] & (t[None, :] < NT),
+                    other=0.0)
+    return 1.0 / tl.sqrt(tl.sum(parts, 1) / K + eps)
+
+
+@triton.jit
+def _load_head(ptr, d, rot, W, eps, HAS_NORM: tl.constexpr, D: tl.constexpr, scale=1.0,
+               ROW_SCALE: tl.constexpr = False):
     """One head at positions d and at the rotate-half partner positions, RMS-normed over the whole head
-    (Qwen3's q/k norm: w * (x * inv).to(dtype), as `RMSNorm` rounds) when HAS_NORM."""
+    (Qwen3's q/k norm: w * (x * inv).to(dtype), as `RMSNorm` rounds) when HAS_NORM; times the row's
+    `scale` first (rounded) when ROW_SCALE."""
     x = tl.load(ptr + d)
     xr = tl.load(ptr + rot)
+    if ROW_SCALE:
+        x = (x.to(tl.float32) * scale).to(x.dtype)
+        xr = (xr.to(tl.float32) * scale).to(xr.dtype)
     if HAS_NORM:
         xf = x.to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
@@ -88,11 +102,14 @@ def _rope(x, xr, d, cos, sin, half):
 
 
 @triton.jit
-def _qkv_rope_kernel(QKV, Cos, Sin, QW, KW, Q, KC, VC, Slots,
+def _qkv_rope_kernel(QKV, Cos, Sin, QW, KW, Q, KC, VC, Slots, RowSS,
                      stride_qkv_row, stride_cs_row, stride_q_row,
-                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                     N, H, HKV, eps,
-                     D: tl.constexpr, HAS_NORM: tl.constexpr):
+                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_ss,
+                     N, H, HKV, eps, NT, K, stream_eps,
+                     D: tl.constexpr, HAS_NORM: tl.constexpr, ROW_SCALE: tl.constexpr = False,
+                     NT_P: tl.constexpr = 1):
+    """ROW_SCALE: qkv is the product of the un-normed stream (K wide) with the norm weight folded into wqkv;
+    each row is first scaled by its 1/rms, from its sums of squares by column tile RowSS [M, NT], and rounded."""
     row = tl.program_id(0).to(tl.int64)  # token row b * N + i
     head = tl.program_id(1)  # 0..H-1: q heads; H..H+HKV-1: k heads, each with its v head
     b = row // N
@@ -102,14 +119,20 @@ def _qkv_rope_kernel(QKV, Cos, Sin, QW, KW, Q, KC, VC, Slots,
     cos = tl.load(Cos + row * stride_cs_row + d)
     sin = tl.load(Sin + row * stride_cs_row + d)
     base = QKV + row * stride_qkv_row
+    scale = 1.0
+    if ROW_SCALE:
+        scale = tl.sum(_row_rstd(RowSS, row + tl.arange(0, 1), tl.full([1], 1, tl.int1), NT, stride_ss, K,
+                                 stream_eps, NT_P), 0)
     if head < H:
-        x, xr = _load_head(base + head * D, d, rot, QW, eps, HAS_NORM, D)
+        x, xr = _load_head(base + head * D, d, rot, QW, eps, HAS_NORM, D, scale, ROW_SCALE)
         tl.store(Q + row * stride_q_row + head * D + d, _rope(x, xr, d, cos, sin, half))
     else:
         kh = head - H
-        x, xr = _load_head(base + (H + kh) * D, d, rot, KW, eps, HAS_NORM, D)
+        x, xr = _load_head(base + (H + kh) * D, d, rot, KW, eps, HAS_NORM, D, scale, ROW_SCALE)
         k = _rope(x, xr, d, cos, sin, half)
         v = tl.load(base + (H + HKV + kh) * D + d)
+        if ROW_SCALE:
+            v = (v.to(tl.float32) * scale).to(v.dtype)
         slot = tl.load(Slots + row).to(tl.int64)
         tl.store(KC + b * stride_kb + kh * stride_kh + slot * stride_ks + d, k.to(KC.dtype.element_ty))
         tl.store(VC + b * stride_vb + kh * stride_vh + slot * stride_vs + d, v.to(VC.dtype.element_ty))
@@ -117,11 +140,15 @@ def _qkv_rope_kernel(QKV, Cos, Sin, QW, KW, Q, KC, VC, Slots,
 
 def qkv_rope(qkv: Tensor, cos: Tensor, sin: Tensor, n_heads: int, n_kv: int, head_dim: int, k_cache: Tensor,
              v_cache: Tensor, slots: Tensor, q_norm: Tensor | None = None, k_norm: Tensor | None = None,
-             eps: float = 1e-6) -> Tensor | None:
+             eps: float = 1e-6, row_sumsq: Tensor | None = None, stream_dim: int = 1,
+             stream_eps: float = 1e-6) -> Tensor | None:
     """Split a fused projection qkv [B, N, (H + 2 Hkv) * D] (q heads | k heads | v heads), apply the
     per-head q/k RMSNorm (Qwen3; weights [D]) and rotate-half RoPE (cos, sin [B, N, 1, D]: the decoder's
     tables), write K and V into the caches [B, Hkv, S, D] at `slots` [B, N], and return q [B, H, N, D]
-    (a view of a [B, N, H, D] buffer). n_heads=0: a k|v-only projection (draft-head context), returns None."""
+    (a view of a [B, N, H, D] buffer). n_heads=0: a k|v-only projection (draft-head context), returns None.
+    `row_sumsq` [B * N, T] float32: qkv is the product of the un-normed stream (`stream_dim` wide) with the
+    layer norm's weight folded into wqkv, and each row is scaled by its 1/rms (sums of squares by column tile,
+    as `specbench.kernels.norm_stats.linear_residual` leaves them; `stream_eps` the norm's) before the rest."""
     require_kernel_device(qkv)
     b, n, width = qkv.shape
     if width != (n_heads + 2 * n_kv) * head_dim:
@@ -141,11 +168,17 @@ def qkv_rope(qkv: Tensor, cos: Tensor, sin: Tensor, n_heads: int, n_kv: int, hea
     if slot_rows.stride(0) != 1:
         slot_rows = slot_rows.contiguous()
     has_norm = q_norm is not None
+    scaled = row_sumsq is not None
+    if scaled and (row_sumsq.dim() != 2 or row_sumsq.shape[0] != b * n or row_sumsq.dtype != torch.float32):
+        raise ValueError(f"row_sumsq must be float32 [{b * n}, tiles], got {row_sumsq.dtype} {tuple(row_sumsq.shape)}")
+    ss = row_sumsq if scaled else rows
     _qkv_rope_kernel[(b * n, n_heads + n_kv)](
-        rows, cos2, sin2, q_norm if has_norm else rows, k_norm if has_norm else rows, q, k_cache, v_cache, slot_rows,
+        rows, cos2, sin2, q_norm if has_norm else rows, k_norm if has_norm else rows, q, k_cache, v_cache, slot_rows, ss,
         rows.stride(0), cos2.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        n, n_heads, n_kv, eps, D=head_dim, HAS_NORM=has_norm, num_warps=1)
+        ss.stride(0), n, n_heads, n_kv, eps, ss.shape[1] if scaled else 0, stream_dim, stream_eps,
+        D=head_dim, HAS_NORM=has_norm, ROW_SCALE=scaled, NT_P=triton.next_power_of_2(ss.shape[1]) if scaled else 1,
+        num_warps=1)
     return q.transpose(1, 2) if n_heads > 0 else None
 
 

@@ -55,7 +55,7 @@ from torch import Tensor
 from triton.testing import do_bench
 
 from specbench.kernels.device import autotune_kept, interpreting, require_kernel_device
-from specbench.kernels.fused import rmsnorm, silu_mul
+from specbench.kernels.fused import _row_rstd, rmsnorm, silu_mul
 
 MAX_ROWS = 128  # beyond this (prefill) the product is compute-bound: cuBLAS with the element-wise kernel
 ROW_TILES = ((16, 128, 4), (32, 64, 4), (32, 128, 3), (64, 64, 3))  # (BLOCK_N, BLOCK_K, stages) of the row kernels
@@ -204,18 +204,21 @@ def _add_rmsnorm_linear_kernel(X, Delta, NormW, W, Bias, Y, Resid, M, N, K, M_BU
 
 @_rows_autotuned
 @triton.jit
-def _add_rmsnorm_gate_up_silu_kernel(X, Delta, NormW, W, Act, Resid, M, N, K, M_BUCKET, eps,
-                                     stride_x, stride_d, stride_r, stride_w, stride_a,
+def _add_rmsnorm_gate_up_silu_kernel(X, Delta, NormW, W, Act, Resid, RowSS, M, N, K, M_BUCKET, eps, NT,
+                                     stride_x, stride_d, stride_r, stride_w, stride_a, stride_ss,
                                      HAS_DELTA: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                     HAS_NORM: tl.constexpr = True):
+                                     HAS_NORM: tl.constexpr = True, ROW_SCALE: tl.constexpr = False,
+                                     NT_P: tl.constexpr = 1):
     """act [M, N] = silu(gate) * up of [gate | up] = (RMSNorm(x + delta) * norm_w) @ W.T, W = [W_gate; W_up]
     [2N, K]: each program multiplies its A tiles by the gate rows and the up rows of its N-slice (two
     accumulators, one pass over K as in `_add_rmsnorm_linear_kernel`), so the [M, 2N] product never
     goes through memory and the SiLU*up kernel disappears. gate and up are rounded to the dtype before
     the activation, as the unfused product's output is. HAS_NORM False: X is the normed stream already
     (the RMSNorm kernel ran before), each A tile is loaded as it is (Triton's pipelined operand path: no
-    element-wise prologue), and only the SiLU*up epilogue is fused."""
+    element-wise prologue), and only the SiLU*up epilogue is fused. ROW_SCALE (with HAS_NORM False): X is the
+    un-normed stream, W has the norm weight folded in, and each row's 1/rms comes from its sums of squares by
+    column tile, RowSS [M, NT], which the product that wrote the stream left (`specbench.kernels.norm_stats`)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m, pid_n = pid % num_m, pid // num_m
@@ -243,6 +246,9 @@ def _add_rmsnorm_gate_up_silu_kernel(X, Delta, NormW, W, Act, Resid, M, N, K, M_
         acc_u = _dot(a, wu, acc_u, PRECISION, UPCAST)
     if HAS_NORM:
         inv = (1.0 / tl.sqrt(ss / K + eps))[:, None]
+        acc_g, acc_u = acc_g * inv, acc_u * inv
+    if ROW_SCALE:
+        inv = _row_rstd(RowSS, rows, row_ok, NT, stride_ss, K, eps, NT_P)[:, None]
         acc_g, acc_u = acc_g * inv, acc_u * inv
     gate = acc_g.to(Act.dtype.element_ty)
     up = acc_u.to(Act.dtype.element_ty)
@@ -434,16 +440,16 @@ def add_rmsnorm_mlp(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: f
         dl = rows if delta is None else _rows(delta)
         resid = rows if delta is None else torch.empty_like(rows)
         _add_rmsnorm_gate_up_silu_kernel[_grid(m, inter)](
-            rows, dl, norm_weight, gate_up_weight, act, resid, m, inter, k, _bucket(m), eps,
-            rows.stride(0), dl.stride(0), resid.stride(0), gate_up_weight.stride(0), act.stride(0),
+            rows, dl, norm_weight, gate_up_weight, act, resid, rows, m, inter, k, _bucket(m), eps, 0,
+            rows.stride(0), dl.stride(0), resid.stride(0), gate_up_weight.stride(0), act.stride(0), 0,
             HAS_DELTA=delta is not None, **_precision(x.dtype))
         resid_out = x if delta is None else resid.view(x.shape)
     else:
         h, resid_out = rmsnorm(x, norm_weight, eps, delta)
         hr = _rows(h)  # [M, K] normed
         _add_rmsnorm_gate_up_silu_kernel[_grid(m, inter)](
-            hr, hr, norm_weight, gate_up_weight, act, hr, m, inter, k, _bucket(m), eps,
-            hr.stride(0), hr.stride(0), hr.stride(0), gate_up_weight.stride(0), act.stride(0),
+            hr, hr, norm_weight, gate_up_weight, act, hr, hr, m, inter, k, _bucket(m), eps, 0,
+            hr.stride(0), hr.stride(0), hr.stride(0), gate_up_weight.stride(0), act.stride(0), 0,
             HAS_DELTA=False, HAS_NORM=False, **_precision(x.dtype))
     y = F.linear(act, down_weight)
     return y.view(*x.shape[:-1], y.shape[-1]), resid_out

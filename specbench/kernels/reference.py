@@ -161,6 +161,22 @@ def add_rmsnorm_mlp_reference(x: Tensor, delta: Tensor | None, norm_weight: Tens
     return silu_mul_linear_reference(gate_up, down_weight), resid
 
 
+def linear_residual_reference(a: Tensor, weight: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """`specbench.kernels.norm_stats.linear_residual` with the row sums of squares whole: (x + F.linear(a, weight),
+    sum of its squares per row [M] float32), the product rounded to the dtype before the add."""
+    out = (x.float() + torch.nn.functional.linear(a, weight).float()).to(x.dtype)
+    return out, out.float().pow(2).sum(-1).reshape(-1)
+
+
+def gate_up_silu_scaled_reference(x: Tensor, row_sumsq: Tensor, eps: float, folded_gate_up: Tensor) -> Tensor:
+    """silu(gate) * up of [gate | up] = (x @ W'.T) / rms(x): W' the gate/up weight with the norm weight folded in,
+    rms from the rows' sums of squares [M] (the fp32 product, scaled, rounded once; then as `silu_mul_reference`)."""
+    k = x.shape[-1]
+    inv = torch.rsqrt(row_sumsq.reshape(*x.shape[:-1], 1) / k + eps)
+    gate_up = ((x.float() @ folded_gate_up.float().T) * inv).to(x.dtype)
+    return silu_mul_reference(gate_up)
+
+
 def ranked_topk_reference(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """`ranked_topk_triton`: (values [R, k] float32 as stored, ids [R, k] int64) of each row of x [R, V] by
     (value desc, id asc), -0.0 equal to +0.0: one stable sort of the whole row."""
