@@ -19,6 +19,8 @@ kernels run only under TRITON_INTERPRET=1 (set before import).
   fused.py            the decoder layer's element-wise ops (add+RMSNorm, q/k-norm+RoPE+K/V write, SiLU*up)
   norm_linear.py      add+RMSNorm / SiLU*up fused into the matrix product after them (decode, verify rows)
   qkv_rope_linear.py  wqkv with the head-wise epilogue (q/k-norm, RoPE, q out, K/V into the caches)
+  norm_stats.py       RMSNorm's row statistics from the product that writes the stream (residual epilogue), for
+                      consumers with the norm weight folded in: a layer without its RMSNorm kernels (timed only)
   per_shape.py        the faster of a fused kernel and its unfused composition, timed once per shape
   masks.py            packed bitmasks (pack_tree_mask, block_causal_mask)
   device.py           where the kernels may run (CUDA, or the CPU under TRITON_INTERPRET=1)
