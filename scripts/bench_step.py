@@ -14,8 +14,9 @@ nodes. Bound = (weight bytes + K/V bytes the
 step reads) / the device-to-device copy bandwidth measured in the same run (bytes read + written).
 Variants: the layer ops' fusion level (`Transformer.set_fused`: "gemm" = add+RMSNorm and SiLU*up fused
 into the following matrix product where timed faster per shape, "elementwise" = today's element-wise
-Triton kernels + cuBLAS, "reference" = PyTorch ops) x the Triton tree-attention kernel or SDPA, all
-timed in the same run. For "gemm" the per-shape choice (fused kernel vs unfused, CUDA-graph timed at
+Triton kernels + cuBLAS, "reference" = PyTorch ops; "stats" = gemm without the RMSNorm kernels at verify's rows,
+`kernels/norm_stats.py`, asked for by name) x the Triton tree-attention kernel or SDPA (or `triton-merge` /
+`triton-split-merge`: where the prefix splits merge, forced), all timed in the same run. For "gemm" the per-shape choice (fused kernel vs unfused, CUDA-graph timed at
 the eager warm-up that precedes each capture) is printed. `--profile` prints the kernel tables of the
 elementwise and gemm variants' eager AR step and verify(65) pass (triton attention) per shape; `--trace` profiles
 replays of the captured AR graph itself and prints its timeline (kernels per replay, the kernels' busy time, the
@@ -40,8 +41,9 @@ from specbench.trees.base import DraftTree
 
 CONTEXT = {"smollm2-135m-shape": 512, "qwen3-8b-shape": 2048}
 VARIANTS = (("elementwise", "triton"), ("gemm", "triton"), ("reference", "triton"), ("elementwise", "sdpa"),
-            ("gemm", "sdpa"), ("reference", "sdpa"), ("gemm", "triton-merge"), ("gemm", "triton-split-merge"))
-DEFAULT_VARIANTS = VARIANTS[:6]  # the triton-merge twins (where the splits merge) are asked for by name
+            ("gemm", "sdpa"), ("reference", "sdpa"), ("gemm", "triton-merge"), ("gemm", "triton-split-merge"),
+            ("stats", "triton"))
+DEFAULT_VARIANTS = VARIANTS[:6]  # the triton-merge twins (where the splits merge) and the stats level: by name
 
 
 def copy_bandwidth(nbytes: int = 4 << 30, repeats: int = 20) -> float:

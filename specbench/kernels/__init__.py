@@ -19,6 +19,7 @@ kernels run only under TRITON_INTERPRET=1 (set before import).
   fused.py            the decoder layer's element-wise ops (add+RMSNorm, q/k-norm+RoPE+K/V write, SiLU*up)
   norm_linear.py      add+RMSNorm / SiLU*up fused into the matrix product after them (decode, verify rows)
   qkv_rope_linear.py  wqkv with the head-wise epilogue (q/k-norm, RoPE, q out, K/V into the caches)
+  row_stats.py        RowStats: a stream whose pending part is added already (no Triton import)
   norm_stats.py       RMSNorm's row statistics from the product that writes the stream (residual epilogue), for
                       consumers with the norm weight folded in: a layer without its RMSNorm kernels (timed only)
   per_shape.py        the faster of a fused kernel and its unfused composition, timed once per shape

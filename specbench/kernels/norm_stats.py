@@ -23,12 +23,17 @@ References: `specbench.kernels.reference.linear_residual_reference`, `gate_up_si
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from specbench.kernels.device import autotune_kept, interpreting, require_kernel_device
+from specbench.kernels.fused import qkv_rope
+from specbench.kernels.row_stats import RowStats
 from specbench.kernels.norm_linear import (_add_rmsnorm_gate_up_silu_kernel, _autotuned, _bucket, _dot, _grid,
                                            _precision, _rows, covering_row_tiles, row_configs)
 
@@ -119,4 +124,70 @@ def gate_up_silu_scaled(x: Tensor, row_sumsq: Tensor, eps: float, folded_gate_up
     return act.view(*x.shape[:-1], inter)
 
 
-__all__ = ["linear_residual", "fold_norm", "gate_up_silu_scaled", "SUMSQ_TILE"]
+def _summed(delta: "Tensor | RowStats | None") -> Tensor | None:
+    return None if isinstance(delta, RowStats) else delta
+
+
+class NormStatsOps:
+    """The "stats" fusion level's norm-taking ops: those of the level below (`base_*`, the gemm level's) taking a
+    stream whose pending part is `RowStats`, and `output_linear`, which makes one. At 2..MAX_ROWS rows in 16-bit
+    dtypes the block output products (wo, down) add the residual and leave the sums of squares, and the next
+    block's input product uses them with the norm weight folded into its weight (`fold_norm`, made once per weight
+    and kept here: a second copy of wqkv and the gate/up weight); elsewhere (one row, prefill, fp32, a qkv bias)
+    the base ops run, on the summed stream. Bound methods fill a `LayerOps`."""
+
+    MAX_ROWS = 128
+
+    def __init__(self, base_norm: Callable, base_linear: Callable, base_mlp: Callable, base_qkv: Callable) -> None:
+        self._norm, self._linear, self._mlp, self._qkv = base_norm, base_linear, base_mlp, base_qkv
+        self._folded: dict[tuple[int, int], tuple[Tensor, Tensor, Tensor]] = {}
+
+    def folded(self, norm_weight: Tensor, weight: Tensor) -> Tensor:
+        key = (id(norm_weight), id(weight))
+        hit = self._folded.get(key)
+        if hit is None or hit[0] is not norm_weight or hit[1] is not weight:  # the refs keep the ids unique
+            hit = (norm_weight, weight, fold_norm(norm_weight, weight))
+            self._folded[key] = hit
+        return hit[2]
+
+    def takes(self, rows: Tensor, weight: Tensor) -> bool:
+        """Whether the stats path runs for a product of these rows [..., K] and weight [N, K]."""
+        m = rows.numel() // rows.shape[-1]
+        return 1 < m <= self.MAX_ROWS and rows.dtype in (torch.bfloat16, torch.float16) and weight.is_contiguous()
+
+    def output_linear(self, o: Tensor, weight: Tensor, x: Tensor) -> "tuple[Tensor, Tensor | RowStats]":
+        """(stream, pending) after a block's output product o @ weight.T on the stream x."""
+        if self.takes(o, weight) and x.dtype == o.dtype:
+            out, ss = linear_residual(o, weight, x)
+            return out, RowStats(ss)
+        return x, F.linear(o, weight)
+
+    def norm(self, x: Tensor, weight: Tensor, eps: float, delta: "Tensor | RowStats | None" = None):  # noqa: ANN201
+        return self._norm(x, weight, eps, _summed(delta))
+
+    def add_rmsnorm_linear(self, x: Tensor, delta: "Tensor | RowStats | None", norm_weight: Tensor, eps: float,
+                           weight: Tensor, bias: Tensor | None = None):  # noqa: ANN201
+        return self._linear(x, _summed(delta), norm_weight, eps, weight, bias)
+
+    def add_rmsnorm_mlp(self, x: Tensor, delta: "Tensor | RowStats | None", norm_weight: Tensor, eps: float,
+                        gate_up_weight: Tensor, down_weight: Tensor):  # noqa: ANN201
+        if isinstance(delta, RowStats) and self.takes(x, gate_up_weight):
+            act = gate_up_silu_scaled(x, delta.sumsq, eps, self.folded(norm_weight, gate_up_weight))
+            out, ss = linear_residual(act, down_weight, x)
+            return RowStats(ss), out  # (pending, stream), as the base op's (y, x + delta)
+        return self._mlp(x, _summed(delta), norm_weight, eps, gate_up_weight, down_weight)
+
+    def add_rmsnorm_qkv_rope(self, x: Tensor, delta: "Tensor | RowStats | None", norm_weight: Tensor, eps: float,
+                             weight: Tensor, bias: Tensor | None, cos: Tensor, sin: Tensor, n_heads: int, n_kv: int,
+                             head_dim: int, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
+                             q_norm: Tensor | None = None, k_norm: Tensor | None = None, qk_eps: float = 1e-6):  # noqa: ANN201
+        if isinstance(delta, RowStats) and bias is None and self.takes(x, weight):
+            qkv = F.linear(x, self.folded(norm_weight, weight))
+            q = qkv_rope(qkv, cos, sin, n_heads, n_kv, head_dim, k_cache, v_cache, slots, q_norm, k_norm, qk_eps,
+                         row_sumsq=delta.sumsq, stream_dim=x.shape[-1], stream_eps=eps)
+            return q, x
+        return self._qkv(x, _summed(delta), norm_weight, eps, weight, bias, cos, sin, n_heads, n_kv, head_dim,
+                         k_cache, v_cache, slots, q_norm, k_norm, qk_eps)
+
+
+__all__ = ["linear_residual", "fold_norm", "gate_up_silu_scaled", "RowStats", "NormStatsOps", "SUMSQ_TILE"]

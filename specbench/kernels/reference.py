@@ -161,6 +161,12 @@ def add_rmsnorm_mlp_reference(x: Tensor, delta: Tensor | None, norm_weight: Tens
     return silu_mul_linear_reference(gate_up, down_weight), resid
 
 
+def output_linear_reference(o: Tensor, weight: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(stream, pending) after a block's output product: the stream x as it is and the product F.linear(o, weight),
+    its residual add left to the norm after it (`LayerOps.output_linear`)."""
+    return x, torch.nn.functional.linear(o, weight)
+
+
 def linear_residual_reference(a: Tensor, weight: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
     """`specbench.kernels.norm_stats.linear_residual` with the row sums of squares whole: (x + F.linear(a, weight),
     sum of its squares per row [M] float32), the product rounded to the dtype before the add."""

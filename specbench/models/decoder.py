@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,10 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specbench.kernels.reference import (add_rmsnorm_linear_reference, add_rmsnorm_mlp_reference,
-                                        add_rmsnorm_qkv_rope_reference, qkv_rope_reference, rmsnorm_reference,
+                                        add_rmsnorm_qkv_rope_reference, output_linear_reference, qkv_rope_reference,
+                                        rmsnorm_reference,
                                         silu_mul_reference)
+from specbench.kernels.row_stats import RowStats
 from specbench.models.config import ModelConfig
 
 
@@ -291,6 +293,11 @@ class LayerOps:
         w_gate_up)), w_down), x + delta): the MLP block on the residual stream
     add_rmsnorm_qkv_rope(x, delta, norm_weight, eps, wqkv, bias, cos, sin, H, Hkv, D, k_cache, v_cache, slots, q_norm,
         k_norm, qk_eps) -> (qkv_rope(add_rmsnorm_linear(...)), x + delta): the attention block's input
+    output_linear(o, weight, x) -> (x, F.linear(o, weight)): a block's output product, its residual add pending
+
+    The residual stream between ops is a pair (x, pending), the stream being x + pending (`residual_sum`): pending
+    is None, the delta still to add, or at the "stats" level `RowStats` (x is the whole stream, and pending holds
+    its rows' sums of squares for the next norm; `specbench.kernels.norm_stats`). Every op taking a delta takes any.
     """
 
     norm: Callable[..., tuple[Tensor, Tensor]]
@@ -299,11 +306,17 @@ class LayerOps:
     add_rmsnorm_linear: Callable[..., tuple[Tensor, Tensor]]
     add_rmsnorm_mlp: Callable[..., tuple[Tensor, Tensor]]
     add_rmsnorm_qkv_rope: Callable[..., tuple[Tensor, Tensor]]
+    output_linear: Callable[..., tuple[Tensor, Any]] = output_linear_reference
+
+
+def residual_sum(x: Tensor, pending: Any) -> Tensor:
+    """The residual stream of a pair (x, pending) (`LayerOps`)."""
+    return x if pending is None or isinstance(pending, RowStats) else x + pending
 
 
 REFERENCE_OPS = LayerOps(rmsnorm_reference, qkv_rope_reference, silu_mul_reference, add_rmsnorm_linear_reference,
                          add_rmsnorm_mlp_reference, add_rmsnorm_qkv_rope_reference)
-FUSED_LEVELS = ("reference", "elementwise", "gemm")
+FUSED_LEVELS = ("reference", "elementwise", "gemm", "stats")
 # The default on CUDA (`build_model`): on an H200 the gemm level ran SmolLM2's graphed AR step in 0.994 ms
 # against 1.044 for elementwise in the same run, and chose the unfused path for every Qwen3-8B shape
 # (docs/measurements/README.md, "Fewer kernels").
@@ -316,24 +329,34 @@ def fused_ops(level: str = "elementwise") -> LayerOps:
     product after it and the MLP's norm, gate/up product and SiLU*up in one kernel (one row: SiLU*up fused
     into the down product instead; `specbench.kernels.norm_linear`) and wqkv with its q/k-norm, RoPE and K/V
     write as the epilogue (`specbench.kernels.qkv_rope_linear`) for the few rows of decode and verify,
-    per shape only where timing on the device shows the fused kernel faster (`FasterPerShape`)."""
+    per shape only where timing on the device shows the fused kernel faster (`FasterPerShape`); "stats" = the
+    gemm level with, at verify's rows, the norms' statistics from the products that write the stream and the
+    norm weights folded into the products after them, so no RMSNorm kernel runs between layers
+    (`specbench.kernels.norm_stats.NormStatsOps`; not the default until timed on a GPU)."""
     from specbench.kernels.fused import qkv_rope, rmsnorm, silu_mul
     from specbench.kernels import norm_linear as nl, qkv_rope_linear as ql
 
     if level == "elementwise":
         return LayerOps(rmsnorm, qkv_rope, silu_mul, nl.add_rmsnorm_then_linear, nl.add_rmsnorm_mlp_then_linear,
                         ql.add_rmsnorm_qkv_rope_then_split)
-    if level != "gemm":
+    if level not in ("gemm", "stats"):
         raise ValueError(f"unknown fused level {level!r}; choose one of {', '.join(FUSED_LEVELS)}")
     from specbench.kernels.per_shape import FasterPerShape
 
-    return LayerOps(rmsnorm, qkv_rope, silu_mul,
+    gemm = LayerOps(rmsnorm, qkv_rope, silu_mul,
                     FasterPerShape(nl.add_rmsnorm_linear, nl.add_rmsnorm_then_linear, nl.add_rmsnorm_linear_fits,
                                    "add_rmsnorm_linear"),
                     FasterPerShape(nl.add_rmsnorm_mlp, nl.add_rmsnorm_mlp_then_linear, nl.add_rmsnorm_mlp_fits,
                                    "add_rmsnorm_mlp"),
                     FasterPerShape(ql.add_rmsnorm_qkv_rope, ql.add_rmsnorm_qkv_rope_then_split,
                                    ql.add_rmsnorm_qkv_rope_fits, "add_rmsnorm_qkv_rope"))
+    if level == "gemm":
+        return gemm
+    from specbench.kernels.norm_stats import NormStatsOps
+
+    stats = NormStatsOps(gemm.norm, gemm.add_rmsnorm_linear, gemm.add_rmsnorm_mlp, gemm.add_rmsnorm_qkv_rope)
+    return LayerOps(stats.norm, qkv_rope, silu_mul, stats.add_rmsnorm_linear, stats.add_rmsnorm_mlp,
+                    stats.add_rmsnorm_qkv_rope, stats.output_linear)
 
 
 class Attention(nn.Module):
@@ -374,9 +397,14 @@ class Attention(nn.Module):
     def attend_heads(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta,
                      attend: AttentionFn) -> Tensor:
         """The attention block's output [B, N, d] from q [B, H, N, D] (its K/V already in the caches)."""
+        return self.wo(self.attend_rows(q, k_cache, v_cache, meta, attend))
+
+    def attend_rows(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta,
+                    attend: AttentionFn) -> Tensor:
+        """The heads' attention outputs as rows [B, N, H * D], before the output projection."""
         b, _, n, _ = q.shape
         y = attend(q, k_cache, v_cache, meta, self.scale)  # [B, H, N, D]
-        return self.wo(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
+        return y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:
@@ -404,12 +432,13 @@ class DecoderLayer(nn.Module):
     def step(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
              slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS
              ) -> tuple[Tensor, Tensor]:
-        """The layer on the residual stream x + delta (delta None: x), returned the same way, so each
-        residual add is fused into the norm that follows it (and, at the "gemm" level, each norm into
-        the projection after it, the MLP's element-wise work into its products)."""
+        """The layer on the residual stream (x, delta) (`LayerOps`: x + delta, or x), returned the same way, so
+        each residual add is fused into the norm that follows it (and, at the "gemm" level, each norm into
+        the projection after it, the MLP's element-wise work into its products; at "stats", the adds into the
+        products before the norms)."""
         attn, mlp = self.attn, self.mlp
         q, x = self.project_heads(x, delta, cos, sin, k_cache, v_cache, slots, ops)
-        a = attn.attend_heads(q, k_cache, v_cache, meta, attend)
+        x, a = ops.output_linear(attn.attend_rows(q, k_cache, v_cache, meta, attend), attn.wo.weight, x)
         y, x = ops.add_rmsnorm_mlp(x, a, self.mlp_norm.weight, self.mlp_norm.eps, mlp.w_gate_up.weight,
                                    mlp.w_down.weight)
         return x, y
@@ -426,7 +455,7 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 slots: Tensor, meta: AttentionMeta, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         x, delta = self.step(x, None, cos, sin, k_cache, v_cache, slots, meta, attend, ops)
-        return x + delta
+        return residual_sum(x, delta)
 
 
 @dataclass
@@ -526,11 +555,13 @@ class Transformer(nn.Module):
         for i, layer in enumerate(layers):
             x, delta = layer.step(x, delta, cos, sin, cache.k[i], cache.v[i], slots, meta, self._attend, ops)
             if i in tap_set:
-                hidden[i] = x + delta
+                hidden[i] = residual_sum(x, delta)
         missing = tap_set - set(hidden)
         if missing:
             raise ValueError(f"tap layers {sorted(missing)} are outside the {len(layers)} layers run")
         assert delta is not None
+        if isinstance(delta, RowStats):  # the stream is whole: the final norm takes it as it is
+            delta = None
         if isinstance(logits_rows, str):
             if logits_rows != "last":
                 raise ValueError("logits_rows must be None, 'last' or an index tensor")

@@ -41,3 +41,42 @@ def test_unknown_level_is_refused() -> None:
     model = load_target("random:tiny-llama@1", device="cpu", dtype="float32").model
     with pytest.raises(ValueError, match="unknown fused level 'fast'; choose one of reference, elementwise, gemm"):
         model.set_fused("fast")
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_stats_level_equals_gemm_level_in_bf16(device, preset) -> None:
+    """The "stats" level (no RMSNorm kernel between layers at several rows: `kernels/norm_stats.py`) computes the
+    gemm level's logits, taps and K/V in bf16 (its path runs in 16-bit dtypes only; Qwen2's qkv bias takes the
+    summed-stream fallback for wqkv), and its layers do pass the row statistics on."""
+    from specbench.kernels.row_stats import RowStats
+
+    target = load_target(f"random:{preset}@1", device=device, dtype="bfloat16")
+    model = target.model
+    prompt = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0)).to(device)
+    tree = DraftTree.from_paths(5, [[1, 2, 3], [4, 6], [1, 7]], device=device)
+    outs = []
+    for level in ("gemm", "stats"):
+        model.set_fused(level)
+        cache = target.new_cache(32)
+        pre = model(prompt, torch.arange(9, device=device)[None], cache, None, taps=(0, 1))
+        cache.advance(9)
+        ver = model(tree.tokens[None], (9 + tree.depth)[None], cache, tree.ancestor_mask[None], taps=(1,))
+        one = model(tree.tokens[None, :1], (9 + tree.depth[:1])[None], cache, None)  # one row: the gemm path
+        outs.append((pre, ver, one, cache.k[:, :, :, : 9 + tree.num_nodes].clone()))
+    layer, x = model.layers[0], model.embed(prompt)
+    cos, sin = model.rope(torch.arange(9, device=device)[None])
+    meta_cache = target.new_cache(32)
+    from specbench.models.decoder import AttentionMeta
+
+    meta = AttentionMeta(lengths=meta_cache.lengths, tree_mask=torch.ones(1, 9, 9, dtype=torch.bool, device=device).tril_(),
+                         kv_len=32)
+    _, pending = layer.step(x, None, cos, sin, meta_cache.k[0], meta_cache.v[0],
+                            torch.arange(9, device=device)[None], meta, model.attend, model.ops)
+    model.set_fused("reference")
+    assert isinstance(pending, RowStats) and pending.sumsq.dtype == torch.float32
+    (pre_g, ver_g, one_g, k_g), (pre_s, ver_s, one_s, k_s) = outs
+    tol = 3e-2
+    assert rel_err(pre_s.logits, pre_g.logits) < tol and rel_err(ver_s.logits, ver_g.logits) < tol
+    assert rel_err(one_s.logits, one_g.logits) < tol
+    assert rel_err(pre_s.hidden[0], pre_g.hidden[0]) < tol and rel_err(ver_s.hidden[1], ver_g.hidden[1]) < tol
+    assert rel_err(k_s, k_g) < tol

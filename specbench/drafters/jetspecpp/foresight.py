@@ -43,7 +43,7 @@ from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.heads.drafter import BlockPlan
 from specbench.drafters.jetspecpp.decoder import SliceDecoder, cached_layers
 from specbench.kernels.masks import pack_tree_mask
-from specbench.models.decoder import AttentionFn, AttentionMeta, KVCache, is_triton_backend, sdpa_attention
+from specbench.models.decoder import AttentionFn, AttentionMeta, KVCache, is_triton_backend, residual_sum, sdpa_attention
 from specbench.trees.base import DraftTree
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ class OutcomeBatch:
             assert d.oracle is not None
             x, delta = cached_layers(model.layers[: top + 1], d.oracle, model.embed(tokens.reshape(1, q)), self.rope(),
                                      self.slots, meta, model, self.causal_attend)
-            return x + delta if delta is not None else x
+            return residual_sum(x, delta)
         tap = d.adapter.tap(top)  # type: ignore[union-attr]
         cache = self.context.adapter
         assert cache is not None
