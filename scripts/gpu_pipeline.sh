@@ -35,7 +35,8 @@
 #            --plan-only: the plan and its twin of the other split merge only) and
 #            scripts/bench_top_b_tree.py (TB_BENCH=0: not); BENCH_ARGS="--trace --rounds 2": graph timelines, A B A B;
 #            the faster level on SmolLM2's AR
-#            step becomes SPECBENCH_FUSED_LEVEL for what follows
+#            step becomes SPECBENCH_FUSED_LEVEL for what follows (and "stats" where it was timed and its verify
+#            pass beat the gemm level's, e.g. BENCH_VARIANTS=elementwise/triton,gemm/triton,stats/triton)
 #   replaybench  scripts/bench_replay.py: exact replay's host walk against the graphed device round, timed, on the
 #            same references (RB_ARGS: its flags, e.g. --configs dflash/ddtree/64 --n 2; RB_S its timeout)
 #   gputests python -m pytest -m "$GPUTEST_MARK" $GPUTEST_PATHS (default: -m gpu tests/gpu; SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD,
@@ -249,19 +250,26 @@ try:
     rows = [r for r in json.load(open(sys.argv[1]))["rows"] if "error" not in r and r["shape"].startswith("smollm2")]
 except (OSError, ValueError, KeyError):
     rows = []
-ms = {}  # the median over --rounds of each level's AR step, replays issued back to back (the synchronized step's
-for r in rows:  # host-launch gap varies by run: bench_step.py's docstring)
+def median(v):
+    return sorted(v)[len(v) // 2]
+ar, ver = {}, {}  # the median over --rounds of each level's AR step and verify pass, replays issued back to back
+for r in rows:  # (the synchronized step's host-launch gap varies by run: bench_step.py's docstring)
     if r["attention"] == "triton":
-        ms.setdefault(r["ops"], []).append(r.get("ar_b2b_ms", r["ar_ms"]))
-ms = {k: sorted(v)[len(v) // 2] for k, v in ms.items()}
-if "gemm" in ms and "elementwise" in ms:  # only a comparison decides; else the code's default level stays
-    print("gemm" if ms["gemm"] < ms["elementwise"] else "elementwise")
+        ar.setdefault(r["ops"], []).append(r.get("ar_b2b_ms", r["ar_ms"]))
+        ver.setdefault(r["ops"], []).append(r.get("verify65_b2b_ms", r["verify65_ms"]))
+ar, ver = {k: median(v) for k, v in ar.items()}, {k: median(v) for k, v in ver.items()}
+choice = None  # only a comparison decides; else the code's default level stays
+if "gemm" in ar and "elementwise" in ar:
+    choice = "gemm" if ar["gemm"] < ar["elementwise"] else "elementwise"
+if "stats" in ver and "gemm" in ver and choice in (None, "gemm") and ver["stats"] < ver["gemm"]:
+    choice = "stats"  # the gemm level's AR step (one row), without the RMSNorm kernels at verify's rows
+print(choice or "")
 EOF
 )
   level=${FORCE_LEVEL:-$level}
   if [ -n "$level" ]; then export SPECBENCH_FUSED_LEVEL=$level; log "fused level for what follows: $level"
-  else log "fused level for what follows: the default (both levels were not timed)"; fi
-  echo $SPECBENCH_FUSED_LEVEL > $K/level.txt
+  else log "fused level for what follows: the default (no two levels timed against each other)"; fi
+  echo ${SPECBENCH_FUSED_LEVEL:-default} > $K/level.txt
   bundle pack kernels kernels --spool $SPOOL --base $P
 }
 
