@@ -560,14 +560,13 @@ class Transformer(nn.Module):
         if missing:
             raise ValueError(f"tap layers {sorted(missing)} are outside the {len(layers)} layers run")
         assert delta is not None
-        if isinstance(delta, RowStats):  # the stream is whole: the final norm takes it as it is
-            delta = None
-        if isinstance(logits_rows, str):
-            if logits_rows != "last":
-                raise ValueError("logits_rows must be None, 'last' or an index tensor")
-            x, delta = x[:, -1:], delta[:, -1:]
-        elif logits_rows is not None:
-            x, delta = x[:, logits_rows], delta[:, logits_rows]
+        pending = None if isinstance(delta, RowStats) else delta  # RowStats: the stream is whole, the norm takes x
+        if isinstance(logits_rows, str) and logits_rows != "last":
+            raise ValueError("logits_rows must be None, 'last' or an index tensor")
+        rows = slice(-1, None) if isinstance(logits_rows, str) else logits_rows
+        if rows is not None:
+            x, pending = x[:, rows], None if pending is None else pending[:, rows]
+        delta = pending
         if return_final_hidden:
             final, _ = ops.norm(x, self.norm.weight, self.norm.eps, delta)
             return ForwardOutput(logits=self.lm_head(final), hidden=hidden, final_hidden=final)

@@ -62,7 +62,10 @@ def test_stats_level_equals_gemm_level_in_bf16(device, preset) -> None:
         cache.advance(9)
         ver = model(tree.tokens[None], (9 + tree.depth)[None], cache, tree.ancestor_mask[None], taps=(1,))
         one = model(tree.tokens[None, :1], (9 + tree.depth[:1])[None], cache, None)  # one row: the gemm path
-        outs.append((pre, ver, one, cache.k[:, :, :, : 9 + tree.num_nodes].clone()))
+        last = model(prompt, torch.arange(9, device=device)[None], target.new_cache(32), None, logits_rows="last")
+        picked = model(prompt, torch.arange(9, device=device)[None], target.new_cache(32), None,
+                       logits_rows=torch.tensor([2, 5], device=device), return_final_hidden=True)
+        outs.append((pre, ver, one, cache.k[:, :, :, : 9 + tree.num_nodes].clone(), last, picked))
     layer, x = model.layers[0], model.embed(prompt)
     cos, sin = model.rope(torch.arange(9, device=device)[None])
     meta_cache = target.new_cache(32)
@@ -74,8 +77,10 @@ def test_stats_level_equals_gemm_level_in_bf16(device, preset) -> None:
                             torch.arange(9, device=device)[None], meta, model.attend, model.ops)
     model.set_fused("reference")
     assert isinstance(pending, RowStats) and pending.sumsq.dtype == torch.float32
-    (pre_g, ver_g, one_g, k_g), (pre_s, ver_s, one_s, k_s) = outs
+    (pre_g, ver_g, one_g, k_g, last_g, picked_g), (pre_s, ver_s, one_s, k_s, last_s, picked_s) = outs
     tol = 3e-2
+    assert rel_err(last_s.logits, last_g.logits) < tol and rel_err(picked_s.logits, picked_g.logits) < tol
+    assert rel_err(picked_s.final_hidden, picked_g.final_hidden) < tol
     assert rel_err(pre_s.logits, pre_g.logits) < tol and rel_err(ver_s.logits, ver_g.logits) < tol
     assert rel_err(one_s.logits, one_g.logits) < tol
     assert rel_err(pre_s.hidden[0], pre_g.hidden[0]) < tol and rel_err(ver_s.hidden[1], ver_g.hidden[1]) < tol
