@@ -126,6 +126,18 @@ def _rows_autotuned(fn):
 
 
 @triton.jit
+def _program_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(rows [BLOCK_M], cols [BLOCK_N], their bounds masks, the column tile's index) of this program of a row
+    kernel's grid: the row tiles of one weight slice are neighbouring programs."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid_m, pid_n = pid % num_m, pid // num_m
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    return rows, cols, rows < M, cols < N, pid_n
+
+
+@triton.jit
 def _resid_tile(X, Delta, rows, ks, ok, stride_x, stride_d, HAS_DELTA: tl.constexpr):
     """[BLOCK_M, BLOCK_K] of the residual stream x + delta, rounded to the stream's dtype as `x + delta` is."""
     x = tl.load(X + rows[:, None] * stride_x + ks[None, :], mask=ok, other=0.0)
@@ -176,12 +188,7 @@ def _add_rmsnorm_linear_kernel(X, Delta, NormW, W, Bias, Y, Resid, M, N, K, M_BU
     of the product, so each A tile is (x + delta) * norm_w and the rows' sums of squares accumulate beside
     the product; the scale is applied to the fp32 accumulator at the end. HAS_NORM False: (x + delta) @ W.T
     (a plain product, for timing against cuBLAS; the stream is not written)."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    pid_m, pid_n = pid % num_m, pid // num_m  # row tiles of one weight slice side by side
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # [BLOCK_M]
-    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BLOCK_N]
-    row_ok, col_ok = rows < M, cols < N
+    rows, cols, row_ok, col_ok, pid_n = _program_tile(M, N, BLOCK_M, BLOCK_N)
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -219,12 +226,7 @@ def _add_rmsnorm_gate_up_silu_kernel(X, Delta, NormW, W, Act, Resid, RowSS, M, N
     element-wise prologue), and only the SiLU*up epilogue is fused. ROW_SCALE (with HAS_NORM False): X is the
     un-normed stream, W has the norm weight folded in, and each row's 1/rms comes from its sums of squares by
     column tile, RowSS [M, NT], which the product that wrote the stream left (`specbench.kernels.norm_stats`)."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    pid_m, pid_n = pid % num_m, pid // num_m
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # gate rows of W; up rows at N + cols
-    row_ok, col_ok = rows < M, cols < N
+    rows, cols, row_ok, col_ok, pid_n = _program_tile(M, N, BLOCK_M, BLOCK_N)  # gate rows: cols; up rows: N + cols
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -263,12 +265,7 @@ def _add_rmsnorm_gate_up_silu_kernel(X, Delta, NormW, W, Act, Resid, RowSS, M, N
 def _silu_mul_linear_kernel(GU, W, Y, M, N, K, M_BUCKET, stride_gu, stride_w, stride_y,
                             PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    pid_m, pid_n = pid % num_m, pid // num_m
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    row_ok, col_ok = rows < M, cols < N
+    rows, cols, row_ok, col_ok, pid_n = _program_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # K = I: gate at column k, up at I + k
         ks = k0 + tl.arange(0, BLOCK_K)

@@ -35,7 +35,7 @@ from specbench.kernels.device import autotune_kept, interpreting, require_kernel
 from specbench.kernels.fused import qkv_rope
 from specbench.kernels.row_stats import RowStats
 from specbench.kernels.norm_linear import (_add_rmsnorm_gate_up_silu_kernel, _autotuned, _bucket, _dot, _grid,
-                                           _precision, _rows, covering_row_tiles, row_configs)
+                                           _precision, _program_tile, _rows, covering_row_tiles, row_configs)
 
 SUMSQ_TILE = 32  # the column tile of `linear_residual` (fixed, so the consumers know row_sumsq's width)
 _CONFIGS = row_configs(tiles=((SUMSQ_TILE, 64, 4), (SUMSQ_TILE, 128, 3)))
@@ -55,12 +55,7 @@ def _linear_residual_kernel(A, W, X, Out, RowSS, M, N, K, M_BUCKET, stride_a, st
                             PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out [M, N] = x + a @ W.T with plain A loads; RowSS[m, pid_n] = the sum over this program's columns of out[m]^2."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    pid_m, pid_n = pid % num_m, pid // num_m  # row tiles of one weight slice side by side
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # [BLOCK_M]
-    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BLOCK_N]
-    row_ok, col_ok = rows < M, cols < N
+    rows, cols, row_ok, col_ok, pid_n = _program_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
