@@ -23,6 +23,7 @@ References: `specbench.kernels.reference.linear_residual_reference`, `gate_up_si
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
@@ -135,15 +136,20 @@ class NormStatsOps:
 
     def __init__(self, base_norm: Callable, base_linear: Callable, base_mlp: Callable, base_qkv: Callable) -> None:
         self._norm, self._linear, self._mlp, self._qkv = base_norm, base_linear, base_mlp, base_qkv
-        self._folded: dict[tuple[int, int], tuple[Tensor, Tensor, Tensor]] = {}
+        self._folded: dict[int, tuple] = {}  # id(weight) -> (ref to weight, norm weight, versions, W')
 
     def folded(self, norm_weight: Tensor, weight: Tensor) -> Tensor:
-        key = (id(norm_weight), id(weight))
+        """weight with norm_weight folded in, made again if either was changed in place since (e.g. a head trained
+        between evaluations); an entry goes with its weight."""
+        key, versions = id(weight), (weight._version, norm_weight._version)
         hit = self._folded.get(key)
-        if hit is None or hit[0] is not norm_weight or hit[1] is not weight:  # the refs keep the ids unique
-            hit = (norm_weight, weight, fold_norm(norm_weight, weight))
-            self._folded[key] = hit
-        return hit[2]
+        if hit is None or hit[0]() is not weight:
+            weakref.finalize(weight, self._folded.pop, key, None)
+        elif hit[1] is norm_weight and hit[2] == versions:
+            return hit[3]
+        folded = fold_norm(norm_weight, weight)
+        self._folded[key] = (weakref.ref(weight), norm_weight, versions, folded)
+        return folded
 
     def takes(self, rows: Tensor, weight: Tensor) -> bool:
         """Whether the stats path runs for a product of these rows [..., K] and weight [N, K]."""

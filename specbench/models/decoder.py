@@ -23,8 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specbench.kernels.reference import (add_rmsnorm_linear_reference, add_rmsnorm_mlp_reference,
                                         add_rmsnorm_qkv_rope_reference, output_linear_reference, qkv_rope_reference,
-                                        rmsnorm_reference,
-                                        silu_mul_reference)
+                                        rmsnorm_reference, silu_mul_reference)
 from specbench.kernels.row_stats import RowStats
 from specbench.models.config import ModelConfig
 

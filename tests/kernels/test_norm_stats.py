@@ -97,3 +97,26 @@ def test_bad_inputs_name_what_to_change(device) -> None:
     with pytest.raises(ValueError, match="row_sumsq"):
         gate_up_silu_scaled(torch.zeros(4, N, device=device), torch.zeros(3, 3, device=device), 1e-5,
                             torch.zeros(2 * INTER, N, device=device))
+
+
+def test_folded_weights_follow_in_place_updates(device) -> None:
+    from specbench.kernels.norm_stats import NormStatsOps
+
+    ops = NormStatsOps(None, None, None, None)  # type: ignore[arg-type]
+    w = torch.randn(8, 4, device=device)
+    g = torch.rand(4, device=device) + 0.5
+    first = ops.folded(g, w)
+    assert ops.folded(g, w) is first and torch.equal(first, fold_norm(g, w))
+    with torch.no_grad():
+        w.mul_(2)  # a training step, in place
+    again = ops.folded(g, w)
+    assert again is not first and torch.equal(again, fold_norm(g, w))
+    with torch.no_grad():
+        g.add_(1)
+    assert torch.equal(ops.folded(g, w), fold_norm(g, w))
+    assert len(ops._folded) == 1
+    del w, first, again
+    import gc
+
+    gc.collect()
+    assert len(ops._folded) == 0, "an entry outlived its weight"
