@@ -2,7 +2,7 @@
 stack in the same run: ms per round by stage, tau, decode tok/s and speed-up, greedy, bf16.
 
     specbench run experiments/round_table.py --data-dir DATA --device cuda --dtype bfloat16
-    specbench table runs/round_table/results.jsonl --rows drafter,tree,budget --cols dataset \\
+    specbench table runs/round_table/results.jsonl --rows drafter,tree,budget,tree_args --cols dataset \\
         --value tau,decode_tok_s,speedup_decode,draft_ms,tree_ms,verify_forward_ms,verify_ms,commit_ms,round_ms
 
 Stage times are CUDA events between the round's graph replays (no device sync per stage); `round_ms`
@@ -16,6 +16,8 @@ STUDY = Study(
     grids=(Grid(drafters=("dflash", "jetspec", "jetspec-tree"), trees=("ddtree",), budgets=(64,), optional=True),
            Grid(drafters=("dflash",), trees=("chain",), budgets=(16,), optional=True),
            Grid(drafters=("eagle3",), trees=("eagle2",), budgets=(64,), optional=True),
+           *(Grid(drafters=("eagle3",), trees=("eagle2",), budgets=(64,), tree_args={"top_k": 10, "max_depth": d},
+                  optional=True) for d in (5, 6)),  # fewer head passes: experiments/eagle2_depth.py's tau
            Grid(drafters=("ngram",), trees=("ddtree",), budgets=(16, 64)),
            Grid(drafters=("self",), trees=("chain",), budgets=(4,))),
     datasets=(DatasetSpec("gsm8k", n=5), DatasetSpec("math500", n=5)),
@@ -24,7 +26,7 @@ STUDY = Study(
     dtype="bfloat16",
     warmup_tokens=48,  # graph capture and Triton JIT happen here, outside the timings
     timing_repeats=3,  # each prompt decoded three times, the median kept: one host stall moves no row
-    table=TableSpec(rows=("drafter", "tree", "budget"), cols=("dataset",),
+    table=TableSpec(rows=("drafter", "tree", "budget", "tree_args"), cols=("dataset",),
                     values=("tau", "decode_tok_s", "speedup_decode", "round_ms", "overhead_frac")),
     description="per-stage round times, tau and speed-up of every drafter against AR on the GPU (T = 0)",
 )
