@@ -37,6 +37,7 @@ import torch
 
 from specbench.models import load_target
 from specbench.models.graphs import GraphedForward
+from specbench.models.decoder import is_triton_backend
 from specbench.trees.base import DraftTree
 
 CONTEXT = {"smollm2-135m-shape": 512, "qwen3-8b-shape": 2048}
@@ -192,7 +193,7 @@ def bench_variant(model, cache, ops: str, attention: str, context: int, tree: Dr
                for c in op.choices()]  # every per-shape op of the level
     if choices:
         row["gemm_choices"] = choices
-    if profile and attention.startswith("triton") and ops != "reference":
+    if profile and is_triton_backend(attention) and ops != "reference":
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
         for label, t in (("AR step", DraftTree.root_only(7, "cuda")), ("verify(65)", tree)):

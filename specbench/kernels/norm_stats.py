@@ -172,7 +172,7 @@ class NormStatsOps:
 
     def add_rmsnorm_mlp(self, x: Tensor, delta: "Tensor | RowStats | None", norm_weight: Tensor, eps: float,
                         gate_up_weight: Tensor, down_weight: Tensor):  # noqa: ANN201
-        if isinstance(delta, RowStats) and self.takes(x, gate_up_weight):
+        if isinstance(delta, RowStats) and self.takes(x, gate_up_weight) and down_weight.is_contiguous():
             act = gate_up_silu_scaled(x, delta.sumsq, eps, self.folded(norm_weight, gate_up_weight))
             out, ss = linear_residual(act, down_weight, x)
             return RowStats(ss), out  # (pending, stream), as the base op's (y, x + delta)
