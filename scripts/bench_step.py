@@ -36,8 +36,8 @@ import statistics
 import torch
 
 from specbench.models import load_target
-from specbench.models.graphs import GraphedForward
 from specbench.models.decoder import is_triton_backend
+from specbench.models.graphs import GraphedForward
 from specbench.trees.base import DraftTree
 
 CONTEXT = {"smollm2-135m-shape": 512, "qwen3-8b-shape": 2048}
