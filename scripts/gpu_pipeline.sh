@@ -11,6 +11,9 @@
 #            run is rescheduled (wsd) to end by TRAIN_END_S; the state at the start of the decay is packed
 #            (a later session resumes it with --reschedule), the decayed heads are the result;
 #            TRAIN_EXTRA="--init-heads specbench/heads" trains the shipped heads on (a run whose state is gone)
+#   trainbench  scripts/bench_train_step.py on that corpus: the training step by variant (TRAINBENCH_VARIANTS, default
+#            none/16,bf16/16,bf16/32: autocast/batch), split by head, with a kernel profile; the chosen variant sets
+#            TRAIN_AUTOCAST and BATCH for the train phases after it (TRAIN_CHOICE=0: not; TRAINBENCH_S its timeout)
 #   resume   the same for the run staged in $RUN (scripts/gpu_train_session.sh stage-in), rescheduled at
 #            RATE steps/s (measured by the run that made it) to end by TRAIN_END_S
 #   tau      tau by exact replay of $RUN/heads (TAU_HEADS_DIR: other heads, "shipped": the shipped ones;
@@ -124,6 +127,19 @@ phase_corpus() {
   GEN_MINUTES=${GEN_MINUTES:-5} bash scripts/gpu_train_session.sh corpus > $P/corpus.txt 2>&1
   tail -25 $P/corpus.txt; touch $P/corpus.done
   grep -q "^specbench: error" $P/corpus.txt && failed "corpus generate" 2  # e.g. GEN_SHARDS past shard 15 (16 shards)
+}
+
+phase_trainbench() {  # the training step by variant (scripts/bench_train_step.py); the chosen one trains next
+  local T=$P/trainbench; mkdir -p $T
+  log "bench_train_step: ${TRAINBENCH_VARIANTS:-none/16,bf16/16,bf16/32}"
+  timeout ${TRAINBENCH_S:-150} python3 scripts/bench_train_step.py --corpus $ROOT/corpus --device $DEVICE --heads $HEADS \
+    --variants ${TRAINBENCH_VARIANTS:-none/16,bf16/16,bf16/32} --max-len ${MAX_LEN:-640} --profile \
+    --json $T/bench_train_step.json --choose $T/choice.txt > $T/bench_train_step.txt 2>&1 || failed "bench_train_step" $?
+  grep -v "^bench_train_step:\|^USDT" $T/bench_train_step.txt | head -50
+  if [ -f $T/choice.txt ] && [ "${TRAIN_CHOICE:-1}" = 1 ]; then
+    read -r TRAIN_AUTOCAST BATCH < $T/choice.txt; log "training at autocast $TRAIN_AUTOCAST, batch $BATCH"; set_common
+  fi
+  bundle pack trainbench trainbench --spool $SPOOL --base $P
 }
 
 phase_train() {
@@ -375,10 +391,14 @@ phase_eval() {  # the new heads are the shipped ones for this copy
   bundle pack eval eval --spool $SPOOL --base $P
 }
 
+set_common() {  # the training flags every train call shares (BATCH and TRAIN_AUTOCAST: trainbench may set them)
+  common="--device $DEVICE --corpus $ROOT/corpus --schedule wsd --batch-size ${BATCH:-16} --max-len ${MAX_LEN:-640} \
+    --val-every ${VAL_EVERY:-250} --val-tau-every 0 --save-every 100000 --autocast ${TRAIN_AUTOCAST:-none} --quiet ${TRAIN_EXTRA:-}"
+}
+
 run_pipeline() {
   HEADS=${TRAIN_HEADS:-dflash,jetspec,jetspec-tree,eagle3,jetspec++}
-  common="--device $DEVICE --corpus $ROOT/corpus --schedule wsd --batch-size ${BATCH:-16} --max-len ${MAX_LEN:-640} \
-    --val-every ${VAL_EVERY:-250} --val-tau-every 0 --save-every 100000 --quiet ${TRAIN_EXTRA:-}"
+  set_common
   local phase
   for phase in ${PHASES:-corpus train eval}; do  # "name&": that phase runs beside the ones after it
     declare -F phase_${phase%&} > /dev/null || { log "unknown phase $phase"; continue; }

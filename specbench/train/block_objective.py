@@ -26,7 +26,7 @@ from specbench.drafters.heads.masks import uniform_blocks_mask
 from specbench.models.target import TargetModel
 from specbench.train import OBJECTIVES
 from specbench.train.losses import LOSSES, combined_loss, position_decay
-from specbench.train.objective import HeadObjective, TargetBatch
+from specbench.train.objective import HeadObjective, Metrics, TargetBatch
 
 
 class BlockObjective(HeadObjective):
@@ -75,7 +75,8 @@ class BlockObjective(HeadObjective):
         B, T = batch.tokens.shape
         dev = batch.device
         b, g = self.head_cfg.block_size, min(int(s["anchors"]), T - 1)
-        cand = (batch.loss_mask[:, :-1] & batch.loss_mask[:, 1:]).cpu()  # [B, T-1]
+        host_valid, host_mask = batch.host_masks()
+        cand = host_mask[:, :-1] & host_mask[:, 1:]  # [B, T-1]
         score = torch.rand(B, T - 1, generator=generator).masked_fill(~cand, -1.0)
         top, anchors = score.topk(g, dim=1)  # [B, G]
         keep = top >= 0
@@ -83,7 +84,7 @@ class BlockObjective(HeadObjective):
         prefix = torch.randint(1, b, (B, g), generator=generator)
         mask_only = torch.rand(B, g, generator=generator) < float(s["p_mask_only"])
         m = prefix.masked_fill(mask_only, 0)
-        valid_len = batch.valid.sum(dim=1).cpu()  # [B]
+        valid_len = host_valid.sum(dim=1)  # [B]
         m = torch.minimum(m, (valid_len[:, None] - 1 - anchors).clamp(min=0))  # clean tokens must exist
         anchors, keep, m = anchors.to(dev), keep.to(dev), m.to(dev)
 
@@ -101,7 +102,7 @@ class BlockObjective(HeadObjective):
         return {"anchors": anchors, "keep": keep, "pos": pos, "tokens": tokens, "is_mask": ~clean,
                 "label_pos": label_pos, "has_label": has_label, "distance": distance}
 
-    def loss(self, batch: TargetBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, batch: TargetBatch, generator: torch.Generator) -> tuple[Tensor, Metrics]:
         s = self.settings
         blk = self.sample_blocks(batch, generator)
         B, T = batch.tokens.shape
@@ -123,12 +124,13 @@ class BlockObjective(HeadObjective):
         teacher = batch.target_logits[rows[0], label_pos - 1]  # [M, V]
         student = self.head.logits(hidden[rows], self.lm_head_weight)  # [M, V]
         weights = position_decay(blk["distance"].view(B, -1)[rows], s["gamma"])
-        loss, metrics = combined_loss(student, teacher, labels, weights, dict(s["losses"]), float(s["temperature"]))
+        loss, parts = combined_loss(student, teacher, labels, weights, dict(s["losses"]), float(s["temperature"]))
+        metrics: Metrics = dict(parts)
         with torch.no_grad():
             hit = (student.argmax(-1) == labels).float()
-            first = blk["distance"].view(B, -1)[rows] == 1
-            metrics["acc"] = float(hit.mean())
-            metrics["acc_next"] = float(hit[first].mean()) if bool(first.any()) else float("nan")
+            first = (blk["distance"].view(B, -1)[rows] == 1).float()
+            metrics["acc"] = hit.mean()
+            metrics["acc_next"] = (hit * first).sum() / first.sum()  # NaN where no label is the next token
             metrics["labels"] = float(labels.numel())
         return loss, metrics
 

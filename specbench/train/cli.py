@@ -102,6 +102,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="a fresh run starts each head from the checkpoint DIR/LABEL or DIR/<drafter>-<target> (e.g. "
                         "specbench/heads: train the shipped heads on); weights only, the optimizer and schedule start anew")
     h.add_argument("--no-tf32", action="store_true", help="on CUDA, keep the heads' fp32 matmuls off TF32 tensor cores")
+    h.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                   help="run the heads' training forward under bf16 autocast (fp32 weights, optimizer and losses; "
+                        "validation stays without it); scripts/bench_train_step.py times both")
     v = p.add_argument_group("validation, snapshots, checkpoints")
     v.add_argument("--val-every", type=int, default=200, help="steps between validation losses (0 = none)")
     v.add_argument("--val-tau-every", type=int, default=1000, help="steps between validation tau by replay (0 = none)")
@@ -314,7 +317,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                          seed=args.seed, save_every=args.save_every, log_every=args.log_every,
                          val_every=args.val_every if val_store is not None else 0,
                          val_tau_every=args.val_tau_every if val_store is not None else 0,
-                         snapshot_tokens=snapshot)
+                         snapshot_tokens=snapshot, autocast=args.autocast)
     validator = None
     if val_store is not None and (config.val_every or config.val_tau_every):
         validator = Validator(target, val_store, batch_size=args.batch_size, max_len=args.max_len, seed=args.seed,

@@ -26,7 +26,7 @@ from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers, se
 from specbench.models.decoder import AttentionMeta
 from specbench.models.target import TargetModel
 from specbench.train import OBJECTIVES
-from specbench.train.objective import HeadObjective, TargetBatch
+from specbench.train.objective import HeadObjective, Metrics, TargetBatch
 
 
 def ttt_mask(seq_len: int, step: int, device: torch.device | str = "cpu") -> Tensor:
@@ -120,7 +120,7 @@ class Eagle3Objective(HeadObjective):
         return {**self.head.head_config(),
                 "train": {"ttt_steps": self.ttt_steps, "step_decay": self.step_decay}}
 
-    def loss(self, batch: TargetBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, batch: TargetBatch, generator: torch.Generator) -> tuple[Tensor, Metrics]:
         if not self.vocab_ready:
             raise RuntimeError(
                 "eagle3: the draft vocabulary is not chosen: call prepare(token_counts) (the trainer does) before "
@@ -147,10 +147,9 @@ class Eagle3Objective(HeadObjective):
             acc = (student.argmax(-1) == p.argmax(-1)).float().sum() / count
             total = total + self.step_decay ** s * ce
             parts.extend([ce.detach(), acc.detach()])
-        values = torch.stack(parts).tolist() if parts else []
-        metrics = {"loss": float(total.detach())}
-        for s in range(len(values) // 2):
-            metrics[f"ce{s}"], metrics[f"acc{s}"] = values[2 * s], values[2 * s + 1]
-        if values:  # mean top-1 agreement with the target over the unrolled steps
-            metrics["acc"] = sum(values[1::2]) / (len(values) // 2)
+        metrics: Metrics = {"loss": total.detach()}
+        for s in range(len(parts) // 2):
+            metrics[f"ce{s}"], metrics[f"acc{s}"] = parts[2 * s], parts[2 * s + 1]
+        if parts:  # mean top-1 agreement with the target over the unrolled steps
+            metrics["acc"] = torch.stack(parts[1::2]).mean()
         return total, metrics

@@ -49,7 +49,7 @@ from specbench.models.target import TargetModel
 from specbench.train import OBJECTIVES
 from specbench.train.block_objective import BlockObjective
 from specbench.train.losses import combined_loss, position_decay
-from specbench.train.objective import TargetBatch
+from specbench.train.objective import Metrics, TargetBatch
 
 FILLS = ("self", "random", "mask")
 
@@ -130,7 +130,7 @@ class JetSpecPPObjective(BlockObjective):
         return self.draft.logits(hidden, self.lm_head_weight)
 
     def _kl(self, logits: Tensor, label_pos: Tensor, has_label: Tensor, distance: Tensor,
-            batch: TargetBatch) -> tuple[Tensor, dict[str, float]]:
+            batch: TargetBatch) -> tuple[Tensor, Metrics]:
         """The configured losses on the labelled rows: logits [B, G, b-1, V]; label_pos, has_label,
         distance [B, G, b-1]."""
         rows = has_label.nonzero(as_tuple=True)
@@ -140,9 +140,10 @@ class JetSpecPPObjective(BlockObjective):
         teacher = batch.target_logits[b_idx, lp - 1]
         labels = batch.tokens[b_idx, lp]
         weights = position_decay(distance[rows], self.settings["gamma"])
-        loss, parts = combined_loss(student, teacher, labels, weights, dict(self.settings["losses"]),
-                                    float(self.settings["temperature"]))
-        parts["acc"] = float((student.detach().argmax(-1) == labels).float().mean())
+        loss, losses = combined_loss(student, teacher, labels, weights, dict(self.settings["losses"]),
+                                     float(self.settings["temperature"]))
+        parts: Metrics = dict(losses)
+        parts["acc"] = (student.detach().argmax(-1) == labels).float().mean()
         return loss, parts
 
     def refine_inputs(self, tokens: Tensor, clean: Tensor, logits0: Tensor,
@@ -159,7 +160,7 @@ class JetSpecPPObjective(BlockObjective):
         is_mask = ~clean if fill == "mask" else torch.zeros_like(clean)
         return torch.where(clean, tokens, filled), is_mask
 
-    def loss(self, batch: TargetBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, batch: TargetBatch, generator: torch.Generator) -> tuple[Tensor, Metrics]:
         s = self.settings
         blk = self.sample_blocks(batch, generator)
         B, T = batch.tokens.shape
@@ -178,7 +179,7 @@ class JetSpecPPObjective(BlockObjective):
         train0 = float(s["mask_weight"]) > 0 and bool(has0.any())
         train1 = float(s["refine_weight"]) > 0 and bool(has1.any())
         total = self.draft.norm.weight.sum() * 0.0  # a zero with a graph, whatever is trained below
-        metrics: dict[str, float] = {}
+        metrics: Metrics = {}
         if train0 or train1:
             feats = torch.cat([batch.hidden[t] for t in self.taps], dim=-1)  # [B, T, m*d]
             ctx_pos = torch.arange(T, device=dev)[None].expand(B, T)
@@ -201,16 +202,16 @@ class JetSpecPPObjective(BlockObjective):
                 metrics.update({f"refine_{k}": v for k, v in parts.items()})
                 if s["fill"] != "mask":
                     filled = has1 & ~clean[:, :, 1:]
-                    metrics["fill_acc"] = float((inputs[:, :, 1:][filled] == tokens[:, :, 1:][filled]).float().mean())
+                    metrics["fill_acc"] = (inputs[:, :, 1:][filled] == tokens[:, :, 1:][filled]).float().mean()
         if self.adapter is not None and float(s["adapter_weight"]) > 0:
             adapter_loss, parts = self.adapter_loss(batch, blk)
             total = total + float(s["adapter_weight"]) * adapter_loss
             metrics.update(parts)
-        metrics["labels"] = float(has0.sum() + has1.sum())
+        metrics["labels"] = (has0.sum() + has1.sum()).float()
         return total, metrics
 
     # ---- the adapter -------------------------------------------------------------------------------
-    def adapter_loss(self, batch: TargetBatch, blk: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+    def adapter_loss(self, batch: TargetBatch, blk: dict[str, Tensor]) -> tuple[Tensor, Metrics]:
         """Mean over taps of the position-weighted relative squared error of the predicted states."""
         assert self.adapter is not None
         B, T = batch.tokens.shape
@@ -227,7 +228,7 @@ class JetSpecPPObjective(BlockObjective):
         pos = blk["pos"].view(B, -1)
         gather_at = pos.clamp(max=T - 1)[..., None].expand(B, G * b, d)
         losses: list[Tensor] = []
-        metrics: dict[str, float] = {}
+        metrics: Metrics = {}
         for t in self.taps:
             module = self.adapter.tap(t)
             states = batch.hidden[t]  # [B, T, d]
@@ -240,8 +241,8 @@ class JetSpecPPObjective(BlockObjective):
             rel2, cos = state_errors(pred.view(B, G, b, d), true)
             losses.append((rel2 * w)[rows].sum() / w[rows].sum().clamp_min(1e-12))
             with torch.no_grad():
-                metrics[f"adapter_err_{t}"] = float(rel2[rows].sqrt().mean())
-                metrics[f"adapter_cos_{t}"] = float(cos[rows].mean())
+                metrics[f"adapter_err_{t}"] = rel2[rows].sqrt().mean()
+                metrics[f"adapter_cos_{t}"] = cos[rows].mean()
         loss = torch.stack(losses).mean()
-        metrics["adapter_loss"] = float(loss.detach())
+        metrics["adapter_loss"] = loss.detach()
         return loss, metrics

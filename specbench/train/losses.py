@@ -53,13 +53,14 @@ LOSSES = ("ce", "fkl", "rkl")
 
 
 def combined_loss(student: Tensor, teacher: Tensor, labels: Tensor, weights: Tensor,
-                  loss_weights: dict[str, float], temperature: float = 1.0) -> tuple[Tensor, dict[str, float]]:
-    """sum_i loss_weights[i] * loss_i over the named losses (ce, fkl, rkl), with the parts as metrics."""
+                  loss_weights: dict[str, float], temperature: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+    """sum_i loss_weights[i] * loss_i over the named losses (ce, fkl, rkl), with the parts as metrics
+    (detached 0-d tensors)."""
     unknown = set(loss_weights) - set(LOSSES)
     if unknown:
         raise ValueError(f"unknown loss(es) {sorted(unknown)}; choose from {LOSSES}")
     total = student.new_zeros((), dtype=torch.float32)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, Tensor] = {}
     for name, w in loss_weights.items():
         if w == 0:
             continue
@@ -70,7 +71,7 @@ def combined_loss(student: Tensor, teacher: Tensor, labels: Tensor, weights: Ten
         else:
             part = reverse_kl(student, teacher, weights, temperature)
         total = total + w * part
-        metrics[name] = float(part.detach())
+        metrics[name] = part.detach()
     if not metrics:
         raise ValueError("every loss weight is zero: give at least one of ce, fkl, rkl a positive weight")
     return total, metrics

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +28,8 @@ class TargetBatch:
                   i.e. a label the head should learn to predict
     hidden        tap layer -> [B, T, d] output of that target layer
     target_logits [B, T, V] frozen target logits; row t predicts token t + 1
+    host_valid, host_loss_mask   the CPU copies the batch was built from (None: read from the device),
+                  for the host-side sampling of blocks without waiting on the device
     """
 
     tokens: Tensor
@@ -35,6 +37,14 @@ class TargetBatch:
     loss_mask: Tensor
     hidden: dict[int, Tensor]
     target_logits: Tensor
+    host_valid: Tensor | None = None
+    host_loss_mask: Tensor | None = None
+
+    def host_masks(self) -> tuple[Tensor, Tensor]:
+        """(valid, loss_mask) [B, T] on the CPU."""
+        valid = self.host_valid if self.host_valid is not None else self.valid.cpu()
+        loss_mask = self.host_loss_mask if self.host_loss_mask is not None else self.loss_mask.cpu()
+        return valid, loss_mask
 
     @property
     def batch_size(self) -> int:
@@ -47,6 +57,19 @@ class TargetBatch:
     @property
     def device(self) -> torch.device:
         return self.tokens.device
+
+
+Metrics = dict[str, "Tensor | float"]  # 0-d tensors (read with the step's one host transfer) or floats
+
+
+def read_metrics(values: Mapping[str, "Tensor | float"]) -> dict[str, float]:
+    """Every metric as a float, with one device-to-host transfer for all the tensor ones."""
+    names = [k for k, v in values.items() if isinstance(v, Tensor)]
+    out = {k: float(v) for k, v in values.items() if not isinstance(v, Tensor)}
+    if names:
+        read = torch.stack([values[k].detach().float().reshape(()) for k in names]).tolist()
+        out.update(zip(names, read))
+    return {k: out[k] for k in values}
 
 
 class HeadObjective(ABC):
@@ -72,9 +95,11 @@ class HeadObjective(ABC):
         vocabulary). A resumed run then loads the saved head state over whatever it set."""
 
     @abstractmethod
-    def loss(self, batch: TargetBatch, generator: torch.Generator) -> tuple[Tensor, dict[str, float]]:
-        """Scalar loss (with grad into `self.head`) and float metrics to log. All randomness (anchors,
-        clean-prefix lengths) is drawn from `generator` (a CPU generator) so runs are reproducible."""
+    def loss(self, batch: TargetBatch, generator: torch.Generator) -> tuple[Tensor, Metrics]:
+        """Scalar loss (with grad into `self.head`) and metrics to log, as 0-d tensors where they come
+        from the device (the trainer reads them all at once: `read_metrics`), so a step does not wait on
+        the device per metric. All randomness (anchors, clean-prefix lengths) is drawn from `generator`
+        (a CPU generator) so runs are reproducible."""
 
     @abstractmethod
     def head_config(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ the run had trained on a given number of response tokens, for the tau-against-to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -32,7 +33,7 @@ from torch import Tensor
 
 from specbench.drafters.heads.checkpoint import load_head, save_head
 from specbench.models.target import TargetModel
-from specbench.train.objective import HeadObjective, TargetBatch
+from specbench.train.objective import HeadObjective, Metrics, TargetBatch, read_metrics
 from specbench.train.sequences import TokenStore, TrainingSequence
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ LOG_FILE = "train_log.jsonl"
 SNAPSHOT_DIR = "snapshots"
 STATE_FORMAT = 2
 SCHEDULES = ("cosine", "wsd")
+AUTOCASTS = ("none", "bf16")
 WEIGHTS, MOMENTS = ("fp32", "bf16"), ("fp32", "bf16", "none")
 # Settings that define a run: a resumed run must use the same ones (flag to change in the message).
 RUN_FIELDS = {"batch_size": "--batch-size", "max_len": "--max-len", "lr": "--lr", "schedule": "--schedule",
@@ -73,10 +75,15 @@ class TrainConfig:
     val_tau_every: int = 0  # steps between validation tau by exact replay (0 = none)
     snapshot_tokens: tuple[int, ...] = ()  # export the heads once this many response tokens were trained on
     rewarm_steps: int = 50  # LR re-warm-up after resuming from a state without optimizer moments
+    # The heads' training forward under bf16 autocast (weights, optimizer and losses stay fp32); not a
+    # run setting: a resumed run may switch. Validation always runs without it, so curves compare.
+    autocast: str = "none"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"--schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.autocast not in AUTOCASTS:
+            raise ValueError(f"--autocast must be one of {AUTOCASTS}, got {self.autocast!r}")
         if self.batch_size < 1 or self.steps < 1:
             raise ValueError("--batch-size and --steps must be >= 1")
         self.snapshot_tokens = tuple(sorted(int(t) for t in self.snapshot_tokens))
@@ -156,12 +163,16 @@ def token_counts(sequences: TokenStore | Sequence[TrainingSequence], vocab_size:
 
 @torch.no_grad()
 def target_batch(target: TargetModel, tokens: Tensor, valid: Tensor, loss_mask: Tensor, taps: Sequence[int]) -> TargetBatch:
-    """The frozen target over right-padded sequences (causal, fresh cache): taps + all logits."""
+    """The frozen target over right-padded sequences (causal, fresh cache): taps + all logits. Inputs
+    on the CPU move to the target's device; their CPU masks stay in the batch (`host_masks`)."""
+    host_valid, host_mask = (valid, loss_mask) if valid.device.type == "cpu" else (None, None)
+    tokens, valid, loss_mask = (x.to(target.device) for x in (tokens, valid, loss_mask))
     b, t = tokens.shape
     cache = target.new_cache(t, batch=b)
     pos = torch.arange(t, device=tokens.device)[None].expand(b, t)
     out = target.model(tokens, pos, cache, None, taps=tuple(taps), kv_len=t)
-    return TargetBatch(tokens=tokens, valid=valid, loss_mask=loss_mask, hidden=out.hidden, target_logits=out.logits)
+    return TargetBatch(tokens=tokens, valid=valid, loss_mask=loss_mask, hidden=out.hidden, target_logits=out.logits,
+                       host_valid=host_valid, host_loss_mask=host_mask)
 
 
 def _to_cpu(obj: Any, float_dtype: torch.dtype | None = None) -> Any:
@@ -372,31 +383,48 @@ class Trainer:
             factor *= (self.step - self.rewarm_from + 1) / cfg.rewarm_steps
         return factor
 
-    def train_step(self) -> dict[str, float]:
-        """One batch through every objective; returns the metrics, prefixed by the head's label."""
-        cfg = self.config
-        tokens, valid, loss_mask = self.data.collate(self.data.next(), self.target.device)
-        batch = target_batch(self.target, tokens, valid, loss_mask, self.taps)
-        metrics: dict[str, float] = {}
-        factor = self.lr_scale()
-        for name, obj in self.objectives.items():
-            opt = self.optimizers[name]
-            for group in opt.param_groups:
-                group["lr"] = group["base_lr"] * factor
-            obj.head.train()
+    def head_precision(self) -> contextlib.AbstractContextManager[Any]:
+        """The context the heads' training forward runs in (`autocast`); backward runs outside it."""
+        if self.config.autocast == "bf16":
+            return torch.autocast(self.target.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def next_target_batch(self) -> TargetBatch:
+        """The next batch of sequences through the frozen target."""
+        tokens, valid, loss_mask = self.data.collate(self.data.next(), torch.device("cpu"))
+        return target_batch(self.target, tokens, valid, loss_mask, self.taps)
+
+    def objective_step(self, name: str, batch: TargetBatch, factor: float) -> Metrics:
+        """One head's loss (under `head_precision`), backward, clip and optimizer step at learning-rate
+        factor `factor`; its metrics prefixed by its label, still on the device."""
+        obj, opt = self.objectives[name], self.optimizers[name]
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * factor
+        obj.head.train()
+        with self.head_precision():
             loss, parts = obj.loss(batch, self.generator)
-            if not torch.isfinite(loss):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(obj.head.parameters(), self.config.grad_clip)
+        opt.step()
+        return {f"{name}/loss": loss.detach(), f"{name}/grad_norm": grad_norm, **{f"{name}/{k}": v for k, v in parts.items()}}
+
+    def train_step(self, batch: TargetBatch | None = None) -> dict[str, float]:
+        """One batch (default: the next) through every objective; returns the metrics, prefixed by the
+        head's label."""
+        batch = batch if batch is not None else self.next_target_batch()
+        host_valid, host_mask = batch.host_masks()
+        pending: Metrics = {}
+        factor = self.lr_scale()
+        for name in self.objectives:
+            pending.update(self.objective_step(name, batch, factor))
+        metrics = read_metrics(pending)  # the step's one wait on the device
+        for name in self.objectives:  # checked after the steps: the run stops before any state is saved
+            if not math.isfinite(metrics[f"{name}/loss"]):
                 raise FloatingPointError(f"{name}: non-finite loss at step {self.step}; lower the learning rate (--lr)")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(obj.head.parameters(), cfg.grad_clip)
-            opt.step()
-            metrics[f"{name}/loss"] = float(loss.detach())
-            metrics[f"{name}/grad_norm"] = float(grad_norm)
-            metrics.update({f"{name}/{k}": v for k, v in parts.items()})
         metrics["lr_factor"] = factor
-        self.tokens_seen += int(loss_mask.sum())
-        self.seq_tokens += int(valid.sum())
+        self.tokens_seen += int(host_mask.sum())
+        self.seq_tokens += int(host_valid.sum())
         self.step += 1
         return metrics
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from specbench.models.target import TargetModel
+from specbench.train.objective import read_metrics
 from specbench.train.sequences import TokenStore
 
 if TYPE_CHECKING:
@@ -57,11 +58,11 @@ class Validator:
         sums: dict[str, float] = {}
         weight = 0
         for k, idx in enumerate(self.batches):
-            tokens, valid, loss_mask = self.data.collate(idx, self.target.device)
+            tokens, valid, loss_mask = self.data.collate(idx, torch.device("cpu"))
             batch = target_batch(self.target, tokens, valid, loss_mask, trainer.taps)
             for name, obj in trainer.objectives.items():
                 loss, parts = obj.loss(batch, torch.Generator().manual_seed(self.seed * 7919 + k))
-                for key, value in {"loss": float(loss), **parts}.items():
+                for key, value in read_metrics({"loss": loss, **parts}).items():
                     if value == value:  # NaN parts (e.g. no label of a kind in this batch) are left out
                         sums[f"val/{name}/{key}"] = sums.get(f"val/{name}/{key}", 0.0) + value * len(idx)
             weight += len(idx)

@@ -15,9 +15,9 @@ from specbench.train.trainer import TrainConfig, Trainer, lr_factor
 HEADS = ("dflash", "jetspec", "jetspec-tree")
 
 
-def make_trainer(target, sequences, out, steps: int) -> Trainer:
+def make_trainer(target, sequences, out, steps: int, **over) -> Trainer:
     objectives = {n: OBJECTIVES.build(n, target, num_layers=1, block_size=5, anchors=6, init_seed=2) for n in HEADS}
-    config = TrainConfig(batch_size=4, steps=steps, lr=3e-3, save_every=0, seed=7)
+    config = TrainConfig(**{**dict(batch_size=4, steps=steps, lr=3e-3, save_every=0, seed=7), **over})
     return Trainer(target, objectives, sequences, config, out)
 
 
@@ -150,6 +150,43 @@ def test_lr_schedule_warms_up_then_decays() -> None:
     lrs = [lr_factor(s, 100, 0.04, 0.1) for s in range(100)]
     assert lrs[0] == pytest.approx(0.25) and lrs[3] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_bf16_autocast_trains_close_to_fp32(tiny_target, tiny_sequences, tmp_path) -> None:
+    plain = make_trainer(tiny_target, tiny_sequences, tmp_path / "a", steps=24)
+    mixed = make_trainer(tiny_target, tiny_sequences, tmp_path / "b", steps=24, autocast="bf16")
+    first_plain, first_mixed = plain.train_step(), mixed.train_step()
+    for name in HEADS:  # the same batch and draws: the losses differ by bf16 rounding only
+        assert first_mixed[f"{name}/loss"] == pytest.approx(first_plain[f"{name}/loss"], rel=0.02)
+    history = [first_mixed] + [mixed.train_step() for _ in range(23)]
+    for name in HEADS:
+        assert sum(h[f"{name}/loss"] for h in history[-4:]) < 0.8 * sum(h[f"{name}/loss"] for h in history[:4])
+    assert all(p.dtype == torch.float32 for o in mixed.objectives.values() for p in o.head.parameters())
+    with pytest.raises(ValueError, match="--autocast"):
+        TrainConfig(autocast="fp16")
+
+
+def test_read_metrics_keeps_order_floats_and_nan() -> None:
+    from specbench.train.objective import read_metrics
+
+    out = read_metrics({"a": torch.tensor(1.5), "b": 2.0, "c": torch.tensor(float("nan")), "d": torch.tensor(3)})
+    assert list(out) == ["a", "b", "c", "d"] and out["a"] == 1.5 and out["b"] == 2.0 and out["d"] == 3.0
+    assert math.isnan(out["c"]) and all(isinstance(v, float) for v in out.values())
+
+
+def test_non_finite_loss_stops_the_run_before_saving(tiny_target, tiny_sequences, tmp_path) -> None:
+    from specbench.train.block_objective import DFlashObjective
+
+    class Diverged(DFlashObjective):
+        def loss(self, batch, generator):
+            loss, parts = super().loss(batch, generator)
+            return loss * float("nan"), parts
+
+    objectives = {"dflash": Diverged(tiny_target, num_layers=1, block_size=5, anchors=6)}
+    trainer = Trainer(tiny_target, objectives, tiny_sequences, TrainConfig(batch_size=4, steps=3, save_every=1), tmp_path)
+    with pytest.raises(FloatingPointError, match="dflash: non-finite loss at step 0; lower the learning rate"):
+        trainer.train(progress=False)
+    assert not (tmp_path / "trainer_state.pt").exists()
 
 
 def test_bad_objective_settings_fail_at_once(tiny_target) -> None:

@@ -1,0 +1,273 @@
+"""Where a training step's time goes, and what bf16 autocast and a larger batch buy (issue 14's throughput).
+
+    python scripts/bench_train_step.py --corpus /root/corpus --device cuda [--heads dflash,jetspec,...] \
+        [--variants none/16,bf16/16,bf16/32] [--steps 8] [--warmup 3] [--profile] [--json OUT] [--choose OUT]
+    python scripts/bench_train_step.py --target random:tiny-llama --synthetic 24 --device cpu --steps 2   # dry run
+
+Each variant AUTOCAST/BATCH is a fresh `Trainer` (the heads as `specbench train` builds them) over the same
+sequences: the corpus's training split, or --synthetic N random sequences of corpus-like lengths. After
+--warmup steps it times --steps steps twice: the whole `Trainer.train_step` (wall clock to a device sync:
+what a run gets), and the same steps split by CUDA events into the target forward and each head's
+loss, backward, clip and optimizer step (`Trainer.objective_step`). It also compares each head's loss on
+the first batch with the first variant's (same batch size, same draws: they differ by rounding only).
+
+--profile: torch.profiler over --profile-steps steps of the fastest variant: the top kernels by device time,
+and device busy time / wall time (near 1: kernel-bound; far below: the host's launches and waits bound it).
+--choose FILE: writes "AUTOCAST BATCH" of the variant with the most response tokens/s whose autocast kept
+every first-step loss within --loss-tol of the first variant's, if it beats the first by --min-gain
+(scripts/gpu_pipeline.sh's trainbench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def parse_variants(text: str) -> list[tuple[str, int]]:
+    """"none/16,bf16/32" -> [("none", 16), ("bf16", 32)]."""
+    from specbench.train.trainer import AUTOCASTS
+
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        autocast, _, batch = item.partition("/")
+        if autocast not in AUTOCASTS or not batch.isdigit() or int(batch) < 1:
+            raise ValueError(f"--variants takes AUTOCAST/BATCH items (AUTOCAST one of {AUTOCASTS}), got {item!r}")
+        out.append((autocast, int(batch)))
+    if not out:
+        raise ValueError("--variants names no variant")
+    return out
+
+
+def synthetic_store(vocab: int, n: int, seed: int = 0) -> Any:
+    """n random sequences with prompt and response lengths spread like the corpus's (prompts 30-380
+    tokens, responses 40-256)."""
+    from specbench.train.sequences import TokenStore, TrainingSequence
+
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for _ in range(n):
+        p = int(torch.randint(30, 381, (1,), generator=g))
+        r = int(torch.randint(40, 257, (1,), generator=g))
+        seqs.append(TrainingSequence(prompt=torch.randint(vocab, (p,), generator=g).tolist(),
+                                     response=torch.randint(vocab, (r,), generator=g).tolist()))
+    return TokenStore.from_sequences(seqs)
+
+
+class Marks:
+    """Time points on the device's stream (CUDA events) or the host clock (CPU ops run synchronously)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.points: list[tuple[str, Any]] = []
+
+    def mark(self, label: str) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.points.append((label, ev))
+        else:
+            self.points.append((label, time.perf_counter()))
+
+    def spans_ms(self) -> dict[str, float]:
+        """label -> ms from the previous mark to this one."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        out = {}
+        for (_, a), (label, b) in zip(self.points, self.points[1:]):
+            out[label] = a.elapsed_time(b) if self.cuda else 1e3 * (b - a)
+        return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_trainer(args: argparse.Namespace, target: Any, store: Any, autocast: str, batch: int, out: Path) -> Any:
+    from specbench.train.cli import build_objectives, parse_drafters, parse_head_args
+    from specbench.train.trainer import TrainConfig, Trainer
+
+    labels = parse_drafters(args.heads)
+    objectives = build_objectives(target, labels, parse_head_args(args.head_arg, list(labels)))
+    config = TrainConfig(batch_size=batch, max_len=args.max_len, steps=1_000_000, lr=args.lr, schedule="wsd",
+                         save_every=0, seed=0, autocast=autocast)
+    return Trainer(target, objectives, store, config, out)
+
+
+def time_variant(args: argparse.Namespace, target: Any, store: Any, autocast: str, batch: int) -> dict[str, Any]:
+    device = target.device
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_trainer(args, target, store, autocast, batch, Path(tmp))
+        first = trainer.train_step()
+        for _ in range(max(0, args.warmup - 1)):
+            trainer.train_step()
+        sync(device)
+        walls, seq0, resp0 = [], trainer.seq_tokens, trainer.tokens_seen
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            trainer.train_step()
+            sync(device)
+            walls.append(time.perf_counter() - t0)
+        seq, resp = trainer.seq_tokens - seq0, trainer.tokens_seen - resp0
+        parts: dict[str, list[float]] = {}
+        for _ in range(args.steps):
+            marks = Marks(device)
+            marks.mark("start")
+            batch_out = trainer.next_target_batch()
+            marks.mark("target forward")
+            factor = trainer.lr_scale()
+            for name in list(trainer.objectives):
+                trainer.objective_step(name, batch_out, factor)
+                marks.mark(name)
+            for label, ms in marks.spans_ms().items():
+                parts.setdefault(label, []).append(ms)
+        del trainer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    wall = sum(walls)
+    return {"variant": f"{autocast}/{batch}", "autocast": autocast, "batch": batch,
+            "step_ms": round(1e3 * statistics.median(walls), 2), "seq_tok_s": round(seq / wall, 1),
+            "resp_tok_s": round(resp / wall, 1),
+            "parts_ms": {k: round(statistics.median(v), 2) for k, v in parts.items()},
+            "first_losses": {k: v for k, v in first.items() if k.endswith("/loss")}}
+
+
+def choose(rows: list[dict[str, Any]], tol: float, min_gain: float) -> dict[str, Any]:
+    """The variant with the most response tokens/s among those whose autocast setting kept every
+    first-step loss within `tol` (relative) of the first variant's at the first variant's batch size;
+    the first variant unless another beats it by more than `min_gain` (relative)."""
+    base = rows[0]
+    ok = {base["autocast"]}
+    for r in rows[1:]:
+        if r["batch"] == base["batch"]:
+            close = all(abs(r["first_losses"][k] - v) <= tol * abs(v) for k, v in base["first_losses"].items())
+            r["losses_close"] = close
+            if close:
+                ok.add(r["autocast"])
+    best = max((r for r in rows if r["autocast"] in ok), key=lambda r: r["resp_tok_s"])
+    return best if best["resp_tok_s"] > (1.0 + min_gain) * base["resp_tok_s"] else base
+
+
+def profile_steps(args: argparse.Namespace, target: Any, store: Any, autocast: str, batch: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    device = target.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_trainer(args, target, store, autocast, batch, Path(tmp))
+        for _ in range(max(1, args.warmup)):
+            trainer.train_step()
+        sync(device)
+        t0 = time.perf_counter()
+        with profile(activities=activities) as prof:
+            for _ in range(args.profile_steps):
+                trainer.train_step()
+            sync(device)
+        wall_us = 1e6 * (time.perf_counter() - t0)
+    averages = prof.key_averages()
+    lines = [f"profile of {args.profile_steps} step(s), variant {autocast}/{batch}, wall {wall_us / 1e3:.1f} ms"]
+    if device.type == "cuda":
+        def self_device_us(a: Any) -> float:
+            return float(getattr(a, "self_device_time_total", getattr(a, "self_cuda_time_total", 0.0)))
+
+        busy = sum(self_device_us(a) for a in averages)
+        lines.append(f"device busy {busy / 1e3:.1f} ms = {busy / wall_us:.2f} of the wall time")
+        sort = "self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
+    else:
+        sort = "self_cpu_time_total"
+    lines.append(averages.table(sort_by=sort, row_limit=args.profile_rows, max_name_column_width=70))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=None, help="target name (default smollm2-135m or $SPECBENCH_TARGET)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default=None, help="target dtype (default bfloat16 on cuda, float32 on cpu)")
+    p.add_argument("--heads", default="dflash,jetspec,jetspec-tree,eagle3,jetspec++")
+    p.add_argument("--head-arg", action="append", default=[], metavar="[LABEL:]KEY=VALUE")
+    p.add_argument("--corpus", default=None, help="time on this corpus's training sequences")
+    p.add_argument("--synthetic", type=int, default=0, help="time on N random sequences instead of --corpus")
+    p.add_argument("--variants", default="none/16,bf16/16,bf16/32", help="AUTOCAST/BATCH items, the first the baseline")
+    p.add_argument("--max-len", type=int, default=640)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--loss-tol", type=float, default=0.02, help="--choose: first-step losses within this (relative)")
+    p.add_argument("--min-gain", type=float, default=0.05, help="--choose: another variant must beat the first by this")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--profile-rows", type=int, default=30)
+    p.add_argument("--json", default=None)
+    p.add_argument("--choose", default=None)
+    args = p.parse_args()
+    variants = parse_variants(args.variants)
+    if bool(args.corpus) == bool(args.synthetic):
+        raise ValueError("give one of --corpus DIR and --synthetic N")
+    if args.steps < 1 or args.warmup < 1:
+        raise ValueError("--steps and --warmup must be >= 1")
+
+    from specbench.models import load_target
+
+    if args.device.startswith("cuda"):  # as `specbench train` runs: fp32 matmuls on TF32 tensor cores
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    target = load_target(args.target, device=args.device, dtype=dtype)
+    if args.corpus:
+        from specbench.train import corpus as corpus_mod
+
+        corpus = corpus_mod.Corpus.open(args.corpus)
+        store, plan_index, _ = corpus_mod.load(corpus, None)
+        train, _ = corpus_mod.split_validation(store, plan_index, 64, corpus.spec.greedy_variant)  # as `specbench train`
+        store = train if len(train) else store  # a corpus of fewer prompts (a rehearsal): time on all of it
+    else:
+        store = synthetic_store(target.config.vocab_size, args.synthetic)
+    lengths = store.response_lengths().float()
+    print(f"bench_train_step: {len(store)} sequences, mean response {lengths.mean():.0f} tokens; heads {args.heads}; "
+          f"{args.device} {dtype}", file=sys.stderr)
+    rows = []
+    for autocast, batch in variants:
+        row = time_variant(args, target, store, autocast, batch)
+        rows.append(row)
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in row["parts_ms"].items())
+        print(f"{row['variant']:>10}: {row['step_ms']:8.1f} ms/step, {row['seq_tok_s']:>9,.0f} seq tok/s, "
+              f"{row['resp_tok_s']:>9,.0f} response tok/s | ms: {parts}")
+    best = choose(rows, args.loss_tol, args.min_gain)
+    for r in rows[1:]:
+        if "losses_close" in r:
+            diffs = ", ".join(f"{k.split('/')[0]} {(r['first_losses'][k] - v) / max(abs(v), 1e-12):+.4f}"
+                              for k, v in rows[0]["first_losses"].items())
+            print(f"{r['variant']:>10}: first-step losses vs {rows[0]['variant']}: {diffs} "
+                  f"({'within' if r['losses_close'] else 'outside'} {args.loss_tol:g})")
+    print(f"chosen: {best['variant']} ({best['resp_tok_s']:,.0f} response tok/s)")
+    if args.choose:
+        Path(args.choose).write_text(f"{best['autocast']} {best['batch']}\n")
+    report: dict[str, Any] = {"device": args.device, "dtype": dtype, "heads": args.heads, "max_len": args.max_len,
+                              "sequences": len(store), "variants": rows, "chosen": best["variant"]}
+    if args.device.startswith("cuda"):
+        report["gpu"] = torch.cuda.get_device_name()
+    if args.profile:
+        text = profile_steps(args, target, store, best["autocast"], best["batch"])
+        print(text)
+        report["profile"] = text
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ValueError as exc:
+        print(f"bench_train_step: error: {exc}", file=sys.stderr)
+        sys.exit(2)
