@@ -12,8 +12,8 @@
 #            (a later session resumes it with --reschedule), the decayed heads are the result;
 #            TRAIN_EXTRA="--init-heads specbench/heads" trains the shipped heads on (a run whose state is gone)
 #   trainbench  scripts/bench_train_step.py on that corpus: the training step by variant (TRAINBENCH_VARIANTS, default
-#            none/16,bf16/16,bf16/32: autocast/batch), split by head, with a kernel profile; the chosen variant sets
-#            TRAIN_AUTOCAST and BATCH for the train phases after it (TRAIN_CHOICE=0: not; TRAINBENCH_S its timeout)
+#            none/16,bf16/16: autocast/batch), split by head, with a kernel profile; bf16 autocast for the heads it speeds
+#            up becomes TRAIN_AUTOCAST for the train phases after it (TRAIN_CHOICE=0: not; TRAINBENCH_S its timeout)
 #   resume   the same for the run staged in $RUN (scripts/gpu_train_session.sh stage-in), rescheduled at
 #            RATE steps/s (measured by the run that made it) to end by TRAIN_END_S
 #   tau      tau by exact replay of $RUN/heads (TAU_HEADS_DIR: other heads, "shipped": the shipped ones;
@@ -123,7 +123,10 @@ report_heads() {  # RUN NAME: report, plots, log and the decayed heads, as bundl
 }
 
 phase_corpus() {
-  log "corpus for ${GEN_MINUTES:-5} min"
+  # shard 0 holds the validation prompts (`specbench train --val-prompts`): always among the shards generated
+  if [ -n "${GEN_SHARDS:-}" ]; then python3 -c "import sys; from specbench.train.corpus_cli import parse_shards
+sys.exit(0 if 0 in parse_shards('$GEN_SHARDS') else 1)" || GEN_SHARDS="0,$GEN_SHARDS"; fi
+  log "corpus for ${GEN_MINUTES:-5} min${GEN_SHARDS:+ (shards $GEN_SHARDS)}"
   GEN_MINUTES=${GEN_MINUTES:-5} bash scripts/gpu_train_session.sh corpus > $P/corpus.txt 2>&1
   tail -25 $P/corpus.txt; touch $P/corpus.done
   grep -q "^specbench: error" $P/corpus.txt && failed "corpus generate" 2  # e.g. GEN_SHARDS past shard 15 (16 shards)
@@ -131,9 +134,9 @@ phase_corpus() {
 
 phase_trainbench() {  # the training step by variant (scripts/bench_train_step.py); the chosen one trains next
   local T=$P/trainbench; mkdir -p $T
-  log "bench_train_step: ${TRAINBENCH_VARIANTS:-none/16,bf16/16,bf16/32}"
+  log "bench_train_step: ${TRAINBENCH_VARIANTS:-none/16,bf16/16}"
   timeout ${TRAINBENCH_S:-150} python3 scripts/bench_train_step.py --corpus $ROOT/corpus --device $DEVICE --heads $HEADS \
-    --variants ${TRAINBENCH_VARIANTS:-none/16,bf16/16,bf16/32} --max-len ${MAX_LEN:-640} --profile \
+    --variants ${TRAINBENCH_VARIANTS:-none/16,bf16/16} --max-len ${MAX_LEN:-640} --profile \
     --json $T/bench_train_step.json --choose $T/choice.txt > $T/bench_train_step.txt 2>&1 || failed "bench_train_step" $?
   grep -v "^bench_train_step:\|^USDT" $T/bench_train_step.txt | head -50
   if [ -f $T/choice.txt ] && [ "${TRAIN_CHOICE:-1}" = 1 ]; then

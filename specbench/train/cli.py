@@ -102,9 +102,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="a fresh run starts each head from the checkpoint DIR/LABEL or DIR/<drafter>-<target> (e.g. "
                         "specbench/heads: train the shipped heads on); weights only, the optimizer and schedule start anew")
     h.add_argument("--no-tf32", action="store_true", help="on CUDA, keep the heads' fp32 matmuls off TF32 tensor cores")
-    h.add_argument("--autocast", choices=["none", "bf16"], default="none",
-                   help="run the heads' training forward under bf16 autocast (fp32 weights, optimizer and losses; "
-                        "validation stays without it); scripts/bench_train_step.py times both")
+    h.add_argument("--autocast", default="none", metavar="none|bf16|LABEL,...",
+                   help="run the heads' training forward under bf16 autocast: none, bf16 (every head) or these heads "
+                        "(fp32 weights, optimizer and losses; validation stays without it); scripts/bench_train_step.py "
+                        "times each head both ways")
     v = p.add_argument_group("validation, snapshots, checkpoints")
     v.add_argument("--val-every", type=int, default=200, help="steps between validation losses (0 = none)")
     v.add_argument("--val-tau-every", type=int, default=1000, help="steps between validation tau by replay (0 = none)")
@@ -266,6 +267,10 @@ def load_training_data(args: argparse.Namespace, target: Any, out: Path, deadlin
         if not len(train):
             raise ValueError(f"--val-prompts {val_prompts} holds out every prompt of the {store.num_prompts} in shards "
                              f"{ks}: pass a smaller --val-prompts or generate more shards")
+        if val_prompts and not len(val):  # the held-out prompts are the plan's first: shard 0
+            raise ValueError(f"--val-prompts {val_prompts}: the validation prompts are the plan's first {val_prompts}, in "
+                             f"shard 0, which corpus {args.corpus!r} lacks (it has shards {ks}): generate shard 0 "
+                             f"(specbench corpus generate --shards 0,...) or pass --val-prompts 0 to train without validation")
         identity = {"corpus": corpus.digest, "shards": ks, "val_prompts": val_prompts}
         print(f"specbench train: corpus {args.corpus}: shards {ks}, {len(train)} training and {len(val)} validation "
               f"sequences, {int(train.response_lengths().sum()):,} training response tokens", file=sys.stderr)
@@ -296,6 +301,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = parse_head_args(args.head_arg, list(labels))
     labels, settings = expand_grid(labels, settings, args.grid)
     check_before_loading(args, labels)
+    TrainConfig(autocast=args.autocast).autocast_labels(list(labels))  # --autocast names heads of this run
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.device.startswith("cuda") and not args.no_tf32:  # the heads' fp32 matmuls on TF32 tensor cores
         import torch

@@ -44,7 +44,7 @@ LOG_FILE = "train_log.jsonl"
 SNAPSHOT_DIR = "snapshots"
 STATE_FORMAT = 2
 SCHEDULES = ("cosine", "wsd")
-AUTOCASTS = ("none", "bf16")
+AUTOCASTS = ("none", "bf16")  # or a comma-separated list of head labels: those heads only
 WEIGHTS, MOMENTS = ("fp32", "bf16"), ("fp32", "bf16", "none")
 # Settings that define a run: a resumed run must use the same ones (flag to change in the message).
 RUN_FIELDS = {"batch_size": "--batch-size", "max_len": "--max-len", "lr": "--lr", "schedule": "--schedule",
@@ -75,15 +75,28 @@ class TrainConfig:
     val_tau_every: int = 0  # steps between validation tau by exact replay (0 = none)
     snapshot_tokens: tuple[int, ...] = ()  # export the heads once this many response tokens were trained on
     rewarm_steps: int = 50  # LR re-warm-up after resuming from a state without optimizer moments
-    # The heads' training forward under bf16 autocast (weights, optimizer and losses stay fp32); not a
-    # run setting: a resumed run may switch. Validation always runs without it, so curves compare.
+    # The heads' training forward under bf16 autocast (weights, optimizer and losses stay fp32): "none",
+    # "bf16" (every head) or the labels of the heads that use it ("jetspec++,dflash": what pays differs by
+    # head, scripts/bench_train_step.py). Not a run setting: a resumed run may switch. Validation always
+    # runs without it, so curves compare.
     autocast: str = "none"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"--schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.autocast not in AUTOCASTS:
-            raise ValueError(f"--autocast must be one of {AUTOCASTS}, got {self.autocast!r}")
+        if not self.autocast.strip() or any(not x.strip() for x in self.autocast.split(",")):
+            raise ValueError(f"--autocast takes none, bf16 or head labels separated by commas, got {self.autocast!r}")
+
+    def autocast_labels(self, labels: Sequence[str]) -> set[str]:
+        """The heads among `labels` whose forward runs under bf16 autocast; unknown labels refused."""
+        if self.autocast in AUTOCASTS:
+            return set(labels) if self.autocast == "bf16" else set()
+        named = {x.strip() for x in self.autocast.split(",")}
+        unknown = named - set(labels)
+        if unknown:
+            raise ValueError(f"--autocast names {sorted(unknown)}, which this run does not train (heads: "
+                             f"{', '.join(labels)}); give none, bf16 or some of those labels")
+        return named
         if self.batch_size < 1 or self.steps < 1:
             raise ValueError("--batch-size and --steps must be >= 1")
         self.snapshot_tokens = tuple(sorted(int(t) for t in self.snapshot_tokens))
@@ -227,6 +240,7 @@ class Trainer:
         self.store = self.data.store
         self.validator, self.data_identity = validator, data_identity
         self.generator = torch.Generator().manual_seed(config.seed)
+        self.autocast_heads = config.autocast_labels(list(objectives))
         self.step = 0
         self.total_steps = config.steps
         self.tokens_seen = 0  # response (label) tokens of the batches trained on
@@ -383,9 +397,9 @@ class Trainer:
             factor *= (self.step - self.rewarm_from + 1) / cfg.rewarm_steps
         return factor
 
-    def head_precision(self) -> contextlib.AbstractContextManager[Any]:
-        """The context the heads' training forward runs in (`autocast`); backward runs outside it."""
-        if self.config.autocast == "bf16":
+    def head_precision(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        """The context head `name`'s training forward runs in (`autocast`); backward runs outside it."""
+        if name in self.autocast_heads:
             return torch.autocast(self.target.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -401,7 +415,7 @@ class Trainer:
         for group in opt.param_groups:
             group["lr"] = group["base_lr"] * factor
         obj.head.train()
-        with self.head_precision():
+        with self.head_precision(name):
             loss, parts = obj.loss(batch, self.generator)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -34,3 +34,24 @@ def test_bench_train_step_refuses_bad_variants(tmp_path) -> None:
     res = subprocess.run([sys.executable, str(SCRIPT), "--target", "random:tiny-llama", "--device", "cpu", "--synthetic", "4",
                           "--variants", "fp16/8"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 2 and "--variants takes AUTOCAST/BATCH" in res.stderr
+
+
+def test_choose_picks_autocast_per_head() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_train_step", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    losses = {"a/loss": 2.0, "b/loss": 3.0}
+    base = {"autocast": "none", "batch": 16, "parts_ms": {"target forward": 30.0, "a": 100.0, "b": 60.0},
+            "first_losses": losses}
+    mixed = {"autocast": "bf16", "batch": 16, "parts_ms": {"target forward": 29.0, "a": 60.0, "b": 900.0},
+             "first_losses": {"a/loss": 2.001, "b/loss": 3.0}}
+    wide = {"autocast": "bf16", "batch": 32, "parts_ms": {"target forward": 50.0, "a": 90.0, "b": 900.0},
+            "first_losses": {"a/loss": 9.0, "b/loss": 9.0}}
+    assert mod.choose([base, mixed, wide], tol=0.02, min_gain=0.05) == ("a", 16)  # b got slower: stays fp32
+    assert mixed["losses_close"] and "losses_close" not in wide
+    both = {**mixed, "parts_ms": {"target forward": 29.0, "a": 60.0, "b": 30.0}}
+    assert mod.choose([base, both], tol=0.02, min_gain=0.05) == ("bf16", 16)
+    far = {**both, "first_losses": {"a/loss": 2.5, "b/loss": 3.0}}
+    assert mod.choose([base, far], tol=0.02, min_gain=0.05) == ("none", 16)  # losses moved: no autocast

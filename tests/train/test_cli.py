@@ -170,3 +170,18 @@ def test_init_heads_starts_a_fresh_run_from_trained_heads(tmp_path, capsys) -> N
     assert main(ARGS + ["--out", str(run), "--steps", "3", "--reschedule", "--init-heads", str(first / "heads")]) == 0
     err = capsys.readouterr().err
     assert "resumed at step 2" in err and "heads start from" not in err
+
+
+def test_validation_needs_shard_zero(tmp_path, capsys) -> None:
+    """The held-out prompts are the plan's first, in shard 0: a corpus without it is refused, naming the
+    flags, rather than training with no validation at all."""
+    corpus = tmp_path / "corpus"
+    assert main(["corpus", "generate", "--out", str(corpus), "--target", "random:tiny-llama", "--sets", "synthetic:10",
+                 "--max-new-tokens", "6", "--shard-size", "5", "--gen-batch", "5", "--shards", "1", "--quiet"]) == 0
+    train = ["train", "--drafter", "dflash", "--target", "random:tiny-llama", "--corpus", str(corpus), "--out",
+             str(tmp_path / "run"), "--steps", "2", "--batch-size", "2", "--head-arg", "block_size=4", "--quiet"]
+    with pytest.raises(ValueError, match=r"--val-prompts 3: .* in shard 0, which corpus .* lacks \(it has shards \[1\]\).*"
+                                         r"--shards 0,.*--val-prompts 0"):
+        main(train + ["--val-prompts", "3"])
+    assert main(train + ["--val-prompts", "0"]) == 0
+    capsys.readouterr()

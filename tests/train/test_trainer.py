@@ -162,8 +162,22 @@ def test_bf16_autocast_trains_close_to_fp32(tiny_target, tiny_sequences, tmp_pat
     for name in HEADS:
         assert sum(h[f"{name}/loss"] for h in history[-4:]) < 0.8 * sum(h[f"{name}/loss"] for h in history[:4])
     assert all(p.dtype == torch.float32 for o in mixed.objectives.values() for p in o.head.parameters())
-    with pytest.raises(ValueError, match="--autocast"):
-        TrainConfig(autocast="fp16")
+    with pytest.raises(ValueError, match="--autocast takes none, bf16 or head labels"):
+        TrainConfig(autocast="dflash,,jetspec")
+    with pytest.raises(ValueError, match=r"--autocast names \['fp16'\], which this run does not train"):
+        make_trainer(tiny_target, tiny_sequences, tmp_path / "c", steps=2, autocast="fp16")
+
+
+def test_autocast_by_head_label(tiny_target, tiny_sequences, tmp_path) -> None:
+    trainer = make_trainer(tiny_target, tiny_sequences, tmp_path, steps=2, autocast="jetspec-tree")
+    assert trainer.autocast_heads == {"jetspec-tree"}
+    x = torch.ones(2, 2)
+    with trainer.head_precision("jetspec-tree"):
+        assert torch.mm(x, x).dtype == torch.bfloat16
+    with trainer.head_precision("dflash"):
+        assert torch.mm(x, x).dtype == torch.float32
+    assert TrainConfig(autocast="bf16").autocast_labels(["a", "b"]) == {"a", "b"}
+    assert TrainConfig().autocast_labels(["a"]) == set()
 
 
 def test_read_metrics_keeps_order_floats_and_nan() -> None:
