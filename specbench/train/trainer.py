@@ -86,6 +86,9 @@ class TrainConfig:
             raise ValueError(f"--schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if not self.autocast.strip() or any(not x.strip() for x in self.autocast.split(",")):
             raise ValueError(f"--autocast takes none, bf16 or head labels separated by commas, got {self.autocast!r}")
+        if self.batch_size < 1 or self.steps < 1:
+            raise ValueError("--batch-size and --steps must be >= 1")
+        self.snapshot_tokens = tuple(sorted(int(t) for t in self.snapshot_tokens))
 
     def autocast_labels(self, labels: Sequence[str]) -> set[str]:
         """The heads among `labels` whose forward runs under bf16 autocast; unknown labels refused."""
@@ -97,9 +100,6 @@ class TrainConfig:
             raise ValueError(f"--autocast names {sorted(unknown)}, which this run does not train (heads: "
                              f"{', '.join(labels)}); give none, bf16 or some of those labels")
         return named
-        if self.batch_size < 1 or self.steps < 1:
-            raise ValueError("--batch-size and --steps must be >= 1")
-        self.snapshot_tokens = tuple(sorted(int(t) for t in self.snapshot_tokens))
 
 
 def lr_factor(step: int, total: int, warmup_frac: float, min_frac: float, schedule: str = "cosine",

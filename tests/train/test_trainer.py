@@ -168,6 +168,12 @@ def test_bf16_autocast_trains_close_to_fp32(tiny_target, tiny_sequences, tmp_pat
         make_trainer(tiny_target, tiny_sequences, tmp_path / "c", steps=2, autocast="fp16")
 
 
+def test_train_config_checks_and_sorts() -> None:
+    with pytest.raises(ValueError, match="--batch-size and --steps must be >= 1"):
+        TrainConfig(batch_size=0)
+    assert TrainConfig(snapshot_tokens=(2_000_000, 400_000)).snapshot_tokens == (400_000, 2_000_000)
+
+
 def test_autocast_by_head_label(tiny_target, tiny_sequences, tmp_path) -> None:
     trainer = make_trainer(tiny_target, tiny_sequences, tmp_path, steps=2, autocast="jetspec-tree")
     assert trainer.autocast_heads == {"jetspec-tree"}
