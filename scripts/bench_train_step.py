@@ -243,19 +243,17 @@ def main() -> int:
     lengths = store.response_lengths().float()
     print(f"bench_train_step: {len(store)} sequences, mean response {lengths.mean():.0f} tokens; heads {args.heads}; "
           f"{args.device} {dtype}", file=sys.stderr)
-    rows = []
-    for autocast, batch in variants:
+    def timed(autocast: str, batch: int) -> dict[str, Any]:
         row = time_variant(args, target, store, autocast, batch)
-        rows.append(row)
         parts = ", ".join(f"{k} {v:.1f}" for k, v in row["parts_ms"].items())
         print(f"{row['variant']:>10}: {row['step_ms']:8.1f} ms/step, {row['seq_tok_s']:>9,.0f} seq tok/s, "
               f"{row['resp_tok_s']:>9,.0f} response tok/s | ms: {parts}")
+        return row
+
+    rows = [timed(autocast, batch) for autocast, batch in variants]
     autocast, batch = choose(rows, args.loss_tol, args.min_gain)
     if (autocast, batch) not in {(r["autocast"], r["batch"]) for r in rows}:  # some heads only: time it too
-        row = time_variant(args, target, store, autocast, batch)
-        rows.append(row)
-        print(f"{row['variant']:>10}: {row['step_ms']:8.1f} ms/step, {row['seq_tok_s']:>9,.0f} seq tok/s, "
-              f"{row['resp_tok_s']:>9,.0f} response tok/s | ms: " + ", ".join(f"{k} {v:.1f}" for k, v in row["parts_ms"].items()))
+        rows.append(timed(autocast, batch))
     best = next(r for r in rows if (r["autocast"], r["batch"]) == (autocast, batch))
     for r in rows[1:]:
         if "losses_close" in r:
