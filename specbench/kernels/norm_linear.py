@@ -291,7 +291,8 @@ def _gemv_kernel(X, Delta, NormW, W, Bias, Y, Resid, N, K, eps,
                  MODE: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y [N] = a @ W.T for one row, a = RMSNorm(x + delta) * norm_w (MODE 0; resid = x + delta written by
-    program 0) or silu(gate) * up of X = [gate | up] (MODE 1, K = I); + bias; W [N, K] contiguous rows."""
+    program 0), silu(gate) * up of X = [gate | up] (MODE 1, K = I) or x itself (MODE 2: a block's output
+    product); + bias; W [N, K] contiguous rows."""
     pid = tl.program_id(0)
     cols = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BLOCK_N]
     col_ok = cols < N
@@ -319,6 +320,8 @@ def _gemv_kernel(X, Delta, NormW, W, Bias, Y, Resid, N, K, eps,
             normed = (x.to(tl.float32) * inv).to(x.dtype)  # RMSNorm casts back before the weight
             nw = tl.load(NormW + ks, mask=k_ok, other=0.0).to(tl.float32)
             a = (nw * normed.to(tl.float32)).to(W.dtype.element_ty)
+        elif MODE == 2:
+            a = tl.load(X + ks, mask=k_ok, other=0.0)
         else:
             gate = tl.load(X + ks, mask=k_ok, other=0.0)
             up = tl.load(X + K + ks, mask=k_ok, other=0.0)
@@ -409,6 +412,24 @@ def silu_mul_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
     return y.view(*gate_up.shape[:-1], n)
 
 
+def output_linear(o: Tensor, weight: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """`LayerOps.output_linear` (x, o @ weight.T) with one row on the matrix-vector kernel: a decode step's wo,
+    which cuBLAS's split-K product read at 2.7 TB/s on an H200 (Qwen3-8B shapes, 2026-12-03) where this kernel
+    reads the other products at 3.7 (docs/measurements/README.md). More rows: F.linear."""
+    require_kernel_device(o)
+    _check(o, weight)
+    k, n = o.shape[-1], weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"weight {tuple(weight.shape)} does not take rows of {k}")
+    rows = _rows(o)  # [M, K]
+    if rows.shape[0] != 1 or not weight.is_contiguous():
+        return x, F.linear(o, weight)
+    y = torch.empty(1, n, dtype=weight.dtype, device=o.device)
+    _gemv_kernel[_gemv_grid(n)](rows, rows, weight, weight, weight, y, rows, n, k, 0.0,
+                                MODE=2, HAS_DELTA=False, HAS_BIAS=False)
+    return x, y.view(*o.shape[:-1], n)
+
+
 def add_rmsnorm_mlp(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, gate_up_weight: Tensor,
                     down_weight: Tensor, norm_in_product: bool = False) -> tuple[Tensor, Tensor]:
     """The MLP block on the residual stream: (y, resid), resid = x + delta, y = down(silu(gate) * up) of
@@ -489,6 +510,11 @@ def add_rmsnorm_mlp_fits(x: Tensor, delta: Tensor | None, norm_weight: Tensor, e
 
 def silu_mul_linear_fits(gate_up: Tensor, weight: Tensor) -> bool:
     return fits(gate_up, weight)
+
+
+def output_linear_fits(o: Tensor, weight: Tensor, x: Tensor) -> bool:
+    """One row (where `output_linear` runs its own kernel), contiguous weight, one dtype."""
+    return o.numel() == o.shape[-1] and weight.is_contiguous() and o.dtype == weight.dtype
 
 
 __all__ = ["add_rmsnorm_linear", "add_rmsnorm_mlp", "silu_mul_linear", "add_rmsnorm_then_linear",

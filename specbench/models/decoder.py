@@ -327,11 +327,12 @@ def fused_ops(level: str = "elementwise") -> LayerOps:
     `specbench.kernels.fused` between cuBLAS products; "gemm" = besides those, add+RMSNorm fused into the
     product after it and the MLP's norm, gate/up product and SiLU*up in one kernel (one row: SiLU*up fused
     into the down product instead; `specbench.kernels.norm_linear`) and wqkv with its q/k-norm, RoPE and K/V
-    write as the epilogue (`specbench.kernels.qkv_rope_linear`) for the few rows of decode and verify,
-    per shape only where timing on the device shows the fused kernel faster (`FasterPerShape`); "stats" = the
-    gemm level with, at verify's rows, the norms' statistics from the products that write the stream and the
-    norm weights folded into the products after them, so no RMSNorm kernel runs between layers
-    (`specbench.kernels.norm_stats.NormStatsOps`; not the default until timed on a GPU)."""
+    write as the epilogue (`specbench.kernels.qkv_rope_linear`) for the few rows of decode and verify, and
+    a decode step's wo on the matrix-vector kernel, each per shape only where timing on the device shows the
+    fused kernel faster (`FasterPerShape`); "stats" = the gemm level with, at verify's rows, the norms'
+    statistics from the products that write the stream and the norm weights folded into the products after
+    them, so no RMSNorm kernel runs between layers (`specbench.kernels.norm_stats.NormStatsOps`; timed slower
+    than gemm on an H200, so not the default)."""
     from specbench.kernels.fused import qkv_rope, rmsnorm, silu_mul
     from specbench.kernels import norm_linear as nl, qkv_rope_linear as ql
 
@@ -348,7 +349,8 @@ def fused_ops(level: str = "elementwise") -> LayerOps:
                     FasterPerShape(nl.add_rmsnorm_mlp, nl.add_rmsnorm_mlp_then_linear, nl.add_rmsnorm_mlp_fits,
                                    "add_rmsnorm_mlp"),
                     FasterPerShape(ql.add_rmsnorm_qkv_rope, ql.add_rmsnorm_qkv_rope_then_split,
-                                   ql.add_rmsnorm_qkv_rope_fits, "add_rmsnorm_qkv_rope"))
+                                   ql.add_rmsnorm_qkv_rope_fits, "add_rmsnorm_qkv_rope"),
+                    FasterPerShape(nl.output_linear, output_linear_reference, nl.output_linear_fits, "output_linear"))
     if level == "gemm":
         return gemm
     from specbench.kernels.norm_stats import NormStatsOps

@@ -1,5 +1,5 @@
 """The decoder at each fused level (the element-wise kernels; those fused into the matrix products too)
-equals the reference decoder (fp32, prefill and a tree verify pass, taps included), for each model
+equals the reference decoder (fp32, prefill, a tree verify pass and a one-row step, taps included), for each model
 family's quirks (Qwen3 q/k norm, Qwen2 biases)."""
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ def test_fused_forward_equals_reference(device, preset, level) -> None:
         pre = model(prompt, torch.arange(9, device=device)[None], cache, None, taps=(0, 1))
         cache.advance(9)
         ver = model(tree.tokens[None], (9 + tree.depth)[None], cache, tree.ancestor_mask[None], taps=(1,))
-        outs.append((pre, ver, cache.k[:, :, :, : 9 + tree.num_nodes].clone()))
+        step = model(tree.tokens[None, :1], torch.tensor([[9]], device=device), cache, None)  # one row: decode's ops
+        outs.append((pre, ver, cache.k[:, :, :, : 9 + tree.num_nodes].clone(), step))
     model.set_fused("reference")
-    (pre_r, ver_r, k_r), (pre_f, ver_f, k_f) = outs
+    (pre_r, ver_r, k_r, step_r), (pre_f, ver_f, k_f, step_f) = outs
     assert rel_err(pre_f.logits, pre_r.logits) < 1e-5 and rel_err(ver_f.logits, ver_r.logits) < 1e-5
+    assert rel_err(step_f.logits, step_r.logits) < 1e-5
     assert rel_err(pre_f.hidden[0], pre_r.hidden[0]) < 1e-5 and rel_err(ver_f.hidden[1], ver_r.hidden[1]) < 1e-5
     assert rel_err(k_f, k_r) < 1e-5
 

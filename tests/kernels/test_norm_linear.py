@@ -167,3 +167,22 @@ def test_bench_script_configs_compute_the_unfused_result(device) -> None:
         assert rel_err(bench.fused(x, None, nw, w, cfg), torch.nn.functional.linear(x, w)) < 1e-5
     assert {c[0] for c in bench.configs(65, 576, 960)} == {16, 32, 64, 128}
     assert {c[0] for c in bench.configs(17, 576, 960)} == {16, 32}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_output_linear_one_row_on_the_matrix_vector_kernel(device, dtype) -> None:
+    """A decode step's wo (`LayerOps.output_linear`): one row through `_gemv_kernel` (MODE 2, ragged N and K),
+    more rows through F.linear; the stream comes back untouched, the product against the reference."""
+    from specbench.kernels.norm_linear import output_linear, output_linear_fits
+    from specbench.kernels.reference import output_linear_reference
+
+    g = torch.Generator().manual_seed(11)
+    k, n = 100, 37
+    w = _randn(g, n, k, dtype=dtype, device=device, scale=k ** -0.5)
+    for rows in (1, 5):
+        o = _randn(g, 1, rows, k, dtype=dtype, device=device)
+        x = _randn(g, 1, rows, n, dtype=dtype, device=device)
+        stream, y = output_linear(o, w, x)
+        ref_stream, y_ref = output_linear_reference(o, w, x)
+        assert stream is x and y.shape == y_ref.shape and rel_err(y, y_ref) <= TOL[dtype]
+        assert output_linear_fits(o, w, x) == (rows == 1)
