@@ -17,11 +17,12 @@ kernels run only under TRITON_INTERPRET=1 (set before import).
   ranked_topk.py      the k best entries of wide rows by (value desc, id asc): chunk + merge passes
   top_b_tree.py       DDTree's top-B tree over ranked per-depth tables, one program per tree
   fused.py            the decoder layer's element-wise ops (add+RMSNorm, q/k-norm+RoPE+K/V write, SiLU*up)
-  norm_linear.py      add+RMSNorm / SiLU*up fused into the matrix product after them (decode, verify rows)
+  norm_linear.py      add+RMSNorm / SiLU*up fused into the matrix product after them (decode, verify rows); a
+                      decode step's wo on the same matrix-vector kernel
   qkv_rope_linear.py  wqkv with the head-wise epilogue (q/k-norm, RoPE, q out, K/V into the caches)
   row_stats.py        RowStats: a stream whose pending part is added already (no Triton import)
   norm_stats.py       RMSNorm's row statistics from the product that writes the stream (residual epilogue), for
-                      consumers with the norm weight folded in: a layer without its RMSNorm kernels (timed only)
+                      consumers with the norm weight folded in: a layer without its RMSNorm kernels (timed slower)
   per_shape.py        the faster of a fused kernel and its unfused composition, timed once per shape
   masks.py            packed bitmasks (pack_tree_mask, block_causal_mask)
   device.py           where the kernels may run (CUDA, or the CPU under TRITON_INTERPRET=1)
