@@ -519,4 +519,5 @@ def output_linear_fits(o: Tensor, weight: Tensor, x: Tensor) -> bool:
 
 __all__ = ["add_rmsnorm_linear", "add_rmsnorm_mlp", "silu_mul_linear", "add_rmsnorm_then_linear",
            "add_rmsnorm_mlp_then_linear", "silu_mul_then_linear", "add_rmsnorm_linear_fits", "add_rmsnorm_mlp_fits",
-           "silu_mul_linear_fits", "MAX_ROWS", "row_configs", "covering_row_tiles"]
+           "silu_mul_linear_fits", "output_linear", "output_linear_fits", "MAX_ROWS", "row_configs",
+           "covering_row_tiles"]

@@ -128,7 +128,8 @@ class JetSpecPPObjective(BlockObjective):
         x = self.draft.embed_block(tokens.view(B, -1), is_mask.reshape(B, -1), model)
         hidden = self.draft(x, pos, ctx_kv, mask, model).view(B, G, b, -1)[:, :, 1:]  # strided: offsets 1..
         # one [rows, d] x [d, V] product: on the strided 4-D slice F.linear runs a batched product of b - 1 rows
-        # per block (28 % of the H200's training step, 2026-12-03, docs/measurements/README.md)
+        # per block (one source of the fp32 bmm that took 28 % of the H200's training step, 2026-12-03,
+        # docs/measurements/README.md)
         flat = hidden.reshape(B * G * (b - 1), hidden.shape[-1])
         return self.draft.logits(flat, self.lm_head_weight).view(B, G, b - 1, -1)
 

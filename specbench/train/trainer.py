@@ -423,10 +423,9 @@ class Trainer:
         opt.step()
         return {f"{name}/loss": loss.detach(), f"{name}/grad_norm": grad_norm, **{f"{name}/{k}": v for k, v in parts.items()}}
 
-    def train_step(self, batch: TargetBatch | None = None) -> dict[str, float]:
-        """One batch (default: the next) through every objective; returns the metrics, prefixed by the
-        head's label."""
-        batch = batch if batch is not None else self.next_target_batch()
+    def train_step(self) -> dict[str, float]:
+        """The next batch through every objective; returns the metrics, prefixed by the head's label."""
+        batch = self.next_target_batch()
         host_valid, host_mask = batch.host_masks()
         pending: Metrics = {}
         factor = self.lr_scale()
