@@ -44,8 +44,8 @@ from specbench.trees.base import DraftTree
 CONTEXT = {"smollm2-135m-shape": 512, "qwen3-8b-shape": 2048}
 VARIANTS = (("elementwise", "triton"), ("gemm", "triton"), ("reference", "triton"), ("elementwise", "sdpa"),
             ("gemm", "sdpa"), ("reference", "sdpa"), ("gemm", "triton-merge"), ("gemm", "triton-split-merge"),
-            ("stats", "triton"))
-DEFAULT_VARIANTS = VARIANTS[:6]  # the triton-merge twins (where the splits merge) and the stats level: by name
+            ("stats", "triton"), ("gemm", "triton-decode"))
+DEFAULT_VARIANTS = VARIANTS[:6]  # the triton-merge twins, the stats level and the decode kernel's AR step: by name
 
 
 def copy_bandwidth(nbytes: int = 4 << 30, repeats: int = 20) -> float:

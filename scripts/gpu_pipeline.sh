@@ -39,7 +39,9 @@
 #            scripts/bench_top_b_tree.py (TB_BENCH=0: not); BENCH_ARGS="--trace --rounds 2": graph timelines, A B A B;
 #            the faster level on SmolLM2's AR
 #            step becomes SPECBENCH_FUSED_LEVEL for what follows (and "stats" where it was timed and its verify
-#            pass beat the gemm level's, e.g. BENCH_VARIANTS=elementwise/triton,gemm/triton,stats/triton)
+#            pass beat the gemm level's, e.g. BENCH_VARIANTS=elementwise/triton,gemm/triton,stats/triton); with
+#            gemm/triton-decode timed too, SPECBENCH_ATTENTION=triton-decode where its AR step was faster on every
+#            shape (FORCE_ATTENTION pins it)
 #   replaybench  scripts/bench_replay.py: exact replay's host walk against the graphed device round, timed, on the
 #            same references (RB_ARGS: its flags, e.g. --configs dflash/ddtree/64 --n 2; RB_S its timeout)
 #   gputests python -m pytest -m "$GPUTEST_MARK" $GPUTEST_PATHS (default: -m gpu tests/gpu; SPECBENCH_JETSPECPP_HEAD=$JPP_HEAD,
@@ -285,6 +287,26 @@ if "stats" in ver and "gemm" in ver and choice in (None, "gemm") and ver["stats"
 print(choice or "")
 EOF
 )
+  local attention  # the decode kernel where every shape's AR step (median over --rounds, back to back) ran faster on it
+  attention=$(python3 - $K/bench_step.json <<'EOF'
+import json, sys
+try:
+    rows = [r for r in json.load(open(sys.argv[1]))["rows"] if "error" not in r and r["ops"] == "gemm"]
+except (OSError, ValueError, KeyError):
+    rows = []
+ar = {}
+for r in rows:
+    ar.setdefault((r["shape"], r["attention"]), []).append(r.get("ar_b2b_ms", r["ar_ms"]))
+def median(v):
+    return sorted(v)[len(v) // 2]
+faster = [median(ar[(s, "triton-decode")]) < median(ar[(s, "triton")])
+          for s, a in ar if a == "triton-decode" and (s, "triton") in ar]
+print("triton-decode" if faster and all(faster) else "")
+EOF
+)
+  attention=${FORCE_ATTENTION:-$attention}
+  if [ -n "$attention" ]; then export SPECBENCH_ATTENTION=$attention; log "attention for what follows: $attention"; fi
+  echo ${SPECBENCH_ATTENTION:-default} > $K/attention.txt
   level=${FORCE_LEVEL:-$level}
   if [ -n "$level" ]; then export SPECBENCH_FUSED_LEVEL=$level; log "fused level for what follows: $level"
   else log "fused level for what follows: the default (no two levels timed against each other)"; fi

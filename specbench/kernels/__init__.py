@@ -12,6 +12,7 @@ kernels run only under TRITON_INTERPRET=1 (set before import).
 
   tree_attention.py   tree_attention (the target's verify pass) over context_attention (the general form);
                       split prefixes merge in a kernel of their own or, given tickets, in the last split
+  decode_attention.py tree attention at one node (the AR step): contiguous keys, many splits, one vector merge
   tree_accept.py      greedy acceptance on the GPU (one host read per round)
   kv_compact.py       move the accepted path's K/V to the prefix, all layers in one launch
   ranked_topk.py      the k best entries of wide rows by (value desc, id asc): chunk + merge passes

@@ -217,6 +217,7 @@ ATTENTION_BACKENDS: dict[str, str | AttentionFn] = {
     "triton": "specbench.models.triton_attention:triton_tree_attention",
     "triton-merge": "specbench.models.triton_attention:triton_tree_attention_merged",
     "triton-split-merge": "specbench.models.triton_attention:triton_tree_attention_split_merge",
+    "triton-decode": "specbench.models.triton_attention:triton_decode_attention",
 }
 
 

@@ -110,12 +110,15 @@ def build_model(cfg: ModelConfig, state_dict: Mapping[str, Tensor] | None, *, dt
                 fused: str | bool | None = None) -> Transformer:
     """A Transformer with the given native state dict (or seeded random weights when None).
 
-    attention "auto": the Triton tree-attention kernel on CUDA, SDPA elsewhere. fused: the `Transformer.set_fused`
+    attention "auto": on CUDA $SPECBENCH_ATTENTION if set, else the Triton tree-attention kernel ("triton"); SDPA
+    elsewhere. fused: the `Transformer.set_fused`
     level (None: $SPECBENCH_FUSED_LEVEL if set, else `CUDA_FUSED_LEVEL`, on CUDA; "reference" elsewhere), so
-    one environment variable switches every script's target between levels for a same-machine comparison."""
+    one environment variable switches every script's target between levels (or attention backends) for a same-machine
+    comparison."""
     on_cuda = torch.device(device).type == "cuda"
+    env_attention = attention_from_env()  # checked on every device
     if attention == "auto":
-        attention = "triton" if on_cuda else "sdpa"
+        attention = (env_attention or "triton") if on_cuda else "sdpa"
     with torch.device("meta"):
         model = Transformer(cfg, attention=attention)
     if state_dict is None:
@@ -148,6 +151,18 @@ def fused_level_from_env() -> str | None:
         raise ValueError(f"SPECBENCH_FUSED_LEVEL={level!r} is not a fused level; set it to one of {', '.join(FUSED_LEVELS)} "
                          "or unset it")
     return level
+
+
+def attention_from_env() -> str | None:
+    """$SPECBENCH_ATTENTION (None when unset or empty): the backend "auto" means on CUDA, refused at once if it
+    names none (the pipeline sets it to the backend its kernels phase timed faster)."""
+    from specbench.models.decoder import ATTENTION_BACKENDS
+
+    name = os.environ.get("SPECBENCH_ATTENTION", "").strip() or None
+    if name is not None and name not in ATTENTION_BACKENDS:
+        raise ValueError(f"SPECBENCH_ATTENTION={name!r} is not an attention backend; set it to one of "
+                         f"{', '.join(sorted(ATTENTION_BACKENDS))} or unset it")
+    return name
 
 
 def _inv_freq(cfg: ModelConfig) -> Tensor:

@@ -25,3 +25,14 @@ def test_grid_configs_agree_with_the_reference(device) -> None:
     assert set(errors) == set(cfgs) and max(errors.values()) < 1e-5, errors
     assert {c.block_m for c in bench.grid(3)} == {16}  # an AR step's 3 rows: the smallest row tile only
     assert {c.block_m for c in bench.grid(195)} == {16, 32, 64, 128}
+
+
+def test_decode_configs_agree_with_the_reference(device) -> None:
+    """`--decode`'s grid runs the decode kernel through the same check (one node; splits past the key tiles)."""
+    bench = _script()
+    from specbench.kernels.decode_attention import DecodeConfig
+
+    cfgs = [DecodeConfig(bs, 4, 1, s) for bs in (16, 32) for s in (1, 3, 8)]
+    errors = bench.check_configs(4, 2, 16, 1, 40, 64, device, torch.float32, cfgs)
+    assert set(errors) == set(cfgs) and max(errors.values()) < 1e-5, errors
+    assert all(bs in {32, 64, 128} for bs, _, _ in bench.DECODE_TILES)

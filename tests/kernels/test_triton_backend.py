@@ -78,10 +78,39 @@ def test_greedy_sd_equals_ar_tiny(device) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "smollm2-135m-shape"])
 @pytest.mark.parametrize("budget", [4, 16])
-def test_greedy_sd_equals_ar_on_gpu(cuda, preset, budget) -> None:
-    target = load_target(f"random:{preset}@1", device=cuda, dtype="float32", attention="triton")
+@pytest.mark.parametrize("backend", ["triton", "triton-decode"])
+def test_greedy_sd_equals_ar_on_gpu(cuda, preset, budget, backend) -> None:
+    target = load_target(f"random:{preset}@1", device=cuda, dtype="float32", attention=backend)
     assert _greedy_sd_equals_ar(target, budget) > 0, "no draft accepted: the test would not exercise verification"
     sdpa = load_target(f"random:{preset}@1", device=cuda, dtype="float32")
     ref_pre, ref_tree = _prefill_then_tree(sdpa, 37, 2)
     got_pre, got_tree = _prefill_then_tree(target, 37, 2)
     assert rel_err(got_pre, ref_pre) <= 1e-5 and rel_err(got_tree, ref_tree) <= 1e-5
+
+
+def _ar_step_logits(target, prompt_len: int, steps: int, batch: int = 2) -> torch.Tensor:
+    """Logits of `steps` one-node forwards after a prefill (rows at different lengths): the AR step."""
+    g = torch.Generator().manual_seed(1)
+    dev = target.device
+    cache = target.new_cache(prompt_len + steps + 8, batch=batch)
+    ids = torch.randint(0, target.config.vocab_size, (batch, prompt_len), generator=g).to(dev)
+    target.forward(ids, torch.arange(prompt_len, device=dev).expand(batch, -1), cache, kv_len=prompt_len)
+    for row in range(batch):
+        cache.advance(prompt_len - 3 * row, row)
+    one = torch.ones(batch, 1, 1, dtype=torch.bool, device=dev)
+    out = []
+    for _ in range(steps):
+        tok = torch.randint(0, target.config.vocab_size, (batch, 1), generator=g).to(dev)
+        out.append(target.forward(tok, cache.lengths[:, None], cache, one, kv_len=cache.max_seq_len).logits)
+        for row in range(batch):
+            cache.advance(1, row)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_decode_backend_equals_sdpa_and_ar(device, preset) -> None:
+    """`triton-decode`: its one-node steps give SDPA's logits over the whole cache, and greedy SD on it equals AR."""
+    target = load_target(f"random:{preset}@1", device=device, dtype="float32", attention="triton-decode")
+    sdpa = load_target(f"random:{preset}@1", device=device, dtype="float32")
+    assert rel_err(_ar_step_logits(target, 70, 3), _ar_step_logits(sdpa, 70, 3)) <= 1e-5
+    assert _greedy_sd_equals_ar(target, budget=8) > 0

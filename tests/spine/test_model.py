@@ -170,3 +170,18 @@ def test_fused_level_from_the_environment(monkeypatch) -> None:
         build_model(PRESETS["tiny-llama"], None, dtype=torch.float32, device="cpu")
     monkeypatch.setenv("SPECBENCH_FUSED_LEVEL", "gemm")
     assert build_model(PRESETS["tiny-llama"], None, dtype=torch.float32, device="cpu").fused_level == "reference"
+
+
+def test_attention_backend_from_the_environment(monkeypatch) -> None:
+    """$SPECBENCH_ATTENTION names the backend "auto" means on CUDA; a value that names none fails at once,
+    naming the variable, on every device; on the CPU "auto" stays SDPA and an explicit backend wins."""
+    from specbench.models.config import PRESETS
+    from specbench.models.loader import build_model
+
+    monkeypatch.setenv("SPECBENCH_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="SPECBENCH_ATTENTION='flash'"):
+        build_model(PRESETS["tiny-llama"], None, dtype=torch.float32, device="cpu")
+    monkeypatch.setenv("SPECBENCH_ATTENTION", "triton-decode")
+    assert build_model(PRESETS["tiny-llama"], None, dtype=torch.float32, device="cpu").attention == "sdpa"
+    assert build_model(PRESETS["tiny-llama"], None, dtype=torch.float32, device="cpu",
+                       attention="triton").attention == "triton"
