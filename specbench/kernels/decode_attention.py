@@ -1,17 +1,23 @@
 """Decode attention: one new query row per head (an AR step) against the target's static KV cache.
 
-It is `tree_attention` at N = 1, with the work split for that case. On the H200 the general kernel spent
-9-12 us a layer on Qwen3-8B's step whatever the context (docs/measurements/README.md), several times
-what its 2-8 MB of K/V take at the copy rate. Three costs that a one-node tree does not need go:
+It is `tree_attention` at N = 1, with the work split for that case. The general kernel spends 9-12 us a layer on
+Qwen3-8B's step on an H200 whatever the context, several times what its 2-8 MB of K/V take at the copy rate.
+This kernel drops three costs that a one-node tree does not need:
 
 - the separate pass over the new keys under the bitmask: the step's one key sits at slot `len`, so the
   keys a query sees are the contiguous slots [0, len + bit), bit = the node's own mask bit (1 in every
   tree mask), read on the device with the length;
 - the serial merge: the last split to finish (an atomic ticket per (batch, KV head), zero again after)
   merges all splits' partials for a query head in one vector load of [splits, D], not one split after
-  the other (latency per split: the general kernel got slower past 8 splits);
-- the split floor: splits are as many as key tiles fit the longest context (up to `MAX_SPLITS`), so a
-  long prefix is read by many programs at once.
+  the other;
+- the general plan's floor of four key tiles per split.
+
+Measured on the H200 (2026-12-03, docs/measurements/README.md), it is not faster: SmolLM2's layer 6.39 us at
+32 splits against the general kernel's 6.74 (but flat over the context where the other grows), Qwen3-8B's
+10.88 us at 16 splits against 10.78, and the AR step back to back equal (SmolLM2) or 0.18 ms slower (Qwen3-8B,
+at the then-plan's 35 splits). So the floor of a decode layer is not the merge; `triton-decode` stays an
+option that the pipeline picks only where its step times faster. The plan's split count is one program
+per SM, what the best configs of both shapes came to (16 x 8 and 32 x 3 programs on 132 SMs).
 
 The query heads of a KV head group share its K/V tiles (rows = group, padded to 16 for the dot). Row
 lengths are read on the device: no host sync, capturable. Softmax is online, in fp32 (base 2). The
@@ -112,12 +118,11 @@ class DecodeConfig:
 
 def plan_decode(batch: int, kv_heads: int, context_hint: int, device: torch.device,
                 dtype: torch.dtype = torch.bfloat16) -> DecodeConfig:
-    """One key tile per split over the longest context (`context_hint` + the step's key), at most
-    `MAX_SPLITS` and ~4 programs per SM: at every shorter context the keys still spread over as many
-    programs as there are tiles."""
+    """Splits of at least one key tile over the longest context (`context_hint` + the step's key), at most
+    `MAX_SPLITS` and about one program per SM (the module docstring says why)."""
     block_s, warps, stages = (32, 4, 1) if dtype == torch.float32 else (64, 4, 3)
     tiles = triton.cdiv(context_hint + 1, block_s)
-    splits = max(1, min(tiles, MAX_SPLITS, triton.cdiv(4 * num_sms(device), batch * kv_heads)))
+    splits = max(1, min(tiles, MAX_SPLITS, triton.cdiv(num_sms(device), batch * kv_heads)))
     return DecodeConfig(block_s, warps, stages, splits)
 
 

@@ -86,16 +86,17 @@ def test_the_own_key_follows_the_mask_bit(device) -> None:
 def test_plan_spreads_the_longest_context_over_tiles() -> None:
     cpu = torch.device("cpu")
     assert plan_decode(1, 8, 0, cpu).num_splits == 1
-    assert plan_decode(1, 1, 100_000, cpu).num_splits == min(MAX_SPLITS, 16)  # ~4 programs per SM (4 on the CPU)
+    assert plan_decode(1, 1, 100_000, cpu).num_splits == min(MAX_SPLITS, 4)  # one program per SM (4 on the CPU)
     assert plan_decode(64, 8, 100_000, cpu).num_splits == 1  # enough programs without splitting
     assert plan_decode(1, 1, 95, cpu).num_splits == 2  # 96 keys: two tiles of 64
+    assert plan_decode(1, 8, 2177, torch.device("cpu")).num_splits == 1  # 8 programs already fill 4 "SMs"
 
 
 def test_bad_inputs_fail_with_a_message(device) -> None:
     q, k, v, lens, bits = _inputs(1, 4, 2, 64, [8], torch.float32, device, seed=0)
     with pytest.raises(ValueError, match="one query row"):
-        decode_attention(q.expand(1, 4, 2, 64), k, v, lens, pack_tree_mask(torch.ones(1, 2, 2, dtype=torch.bool)),
-                         0.1, context_hint=8)
+        decode_attention(q.expand(1, 4, 2, 64), k, v, lens,
+                         pack_tree_mask(torch.ones(1, 2, 2, dtype=torch.bool)).to(device), 0.1, context_hint=8)
     with pytest.raises(ValueError, match="num_splits must be in"):
         decode_attention(q, k, v, lens, bits, 0.1, context_hint=8, config=DecodeConfig(32, 4, 1, MAX_SPLITS + 1))
     with pytest.raises(ValueError, match="split_counters must be int32"):
