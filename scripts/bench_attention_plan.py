@@ -121,16 +121,14 @@ def time_layers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bits: torch.T
     return statistics.median(times)
 
 
-def bench(shape: str, n: int, plan_only: bool = False) -> dict[str, Any]:
-    heads, kv_heads, dim, layers = SHAPES[shape]
+def check_and_time(shape: str, n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bits: torch.Tensor,
+                   configs: list) -> tuple[set, dict, dict, list]:
+    """The configs that miss the reference, each other config's µs a layer by context, their means, ranked."""
+    heads, kv_heads, dim, _ = SHAPES[shape]
     contexts = CONTEXTS[shape]
-    q, k, v, bits = inputs(heads, kv_heads, dim, n, SLOTS, layers, "cuda", torch.bfloat16)
-    plan = plan_attention(1, kv_heads, heads // kv_heads, n, SLOTS - n, q.device)
-    twin = dataclasses.replace(plan, fused_merge=not plan.fused_merge)  # the merge in the kernel vs its own
-    configs = [plan, twin] + ([] if plan_only else [c for c in grid(heads // kv_heads * n) if c not in (plan, twin)])
     bad = {c for c, e in check_configs(heads, kv_heads, dim, n, contexts[-1], SLOTS, "cuda", torch.bfloat16,
                                        configs).items() if not e < 2e-2}
-    times: dict[AttentionConfig, list[float]] = {}
+    times: dict = {}
     for cfg in configs:
         if cfg in bad:
             continue
@@ -139,7 +137,17 @@ def bench(shape: str, n: int, plan_only: bool = False) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - out of resources: that config cannot run here
             print(f"{shape} N={n} {cfg}: {type(exc).__name__}", flush=True)
     mean = {c: statistics.mean(t) for c, t in times.items()}
-    ranked = sorted(mean, key=mean.get)
+    return bad, times, mean, sorted(mean, key=mean.get)
+
+
+def bench(shape: str, n: int, plan_only: bool = False) -> dict[str, Any]:
+    heads, kv_heads, dim, layers = SHAPES[shape]
+    contexts = CONTEXTS[shape]
+    q, k, v, bits = inputs(heads, kv_heads, dim, n, SLOTS, layers, "cuda", torch.bfloat16)
+    plan = plan_attention(1, kv_heads, heads // kv_heads, n, SLOTS - n, q.device)
+    twin = dataclasses.replace(plan, fused_merge=not plan.fused_merge)  # the merge in the kernel vs its own
+    configs = [plan, twin] + ([] if plan_only else [c for c in grid(heads // kv_heads * n) if c not in (plan, twin)])
+    bad, times, mean, ranked = check_and_time(shape, n, q, k, v, bits, configs)
     row = {"shape": shape, "N": n, "contexts": contexts, "slots": SLOTS, "plan": dataclasses.asdict(plan),
            "plan_us": times.get(plan), "wrong_configs": [dataclasses.asdict(c) for c in bad],
            "best": [{"config": dataclasses.asdict(c), "us": times[c], "mean_us": mean[c]} for c in ranked[:8]]}
@@ -164,18 +172,7 @@ def bench_decode(shape: str) -> dict[str, Any]:
     plan = plan_decode(1, kv_heads, SLOTS - 1, q.device)
     grid_ = [DecodeConfig(bs, w, st, sp) for (bs, w, st), sp in itertools.product(DECODE_TILES, DECODE_SPLITS)]
     configs = [general, plan] + [c for c in grid_ if c != plan]
-    bad = {c for c, e in check_configs(heads, kv_heads, dim, 1, contexts[-1], SLOTS, "cuda", torch.bfloat16,
-                                       configs).items() if not e < 2e-2}
-    times: dict = {}
-    for cfg in configs:
-        if cfg in bad:
-            continue
-        try:
-            times[cfg] = [time_layers(q, k, v, bits, torch.tensor([c], device="cuda"), cfg) for c in contexts]
-        except Exception as exc:  # noqa: BLE001 - out of resources: that config cannot run here
-            print(f"{shape} decode {cfg}: {type(exc).__name__}", flush=True)
-    mean = {c: statistics.mean(t) for c, t in times.items()}
-    ranked = sorted(mean, key=mean.get)
+    bad, times, mean, ranked = check_and_time(shape, 1, q, k, v, bits, configs)
     for name, c in (("general plan", general), ("decode plan", plan)):
         print(f"{shape:>8} N=  1 {name}: {c} {mean.get(c, float('nan')):6.2f} us (by C: "
               + " ".join(f"{t:.2f}" for t in times.get(c, [])) + ")", flush=True)

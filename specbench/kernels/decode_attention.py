@@ -34,7 +34,7 @@ import triton.language as tl
 from torch import Tensor
 
 from specbench.kernels.device import interpreting, num_sms
-from specbench.kernels.tree_attention import LOG2E, _check, _online_softmax_step, _scores
+from specbench.kernels.tree_attention import LOG2E, _attend_range, _check
 
 MAX_SPLITS = 64
 
@@ -70,16 +70,8 @@ def _decode_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    k_base = K + b * stride_kb + hkv * stride_kh
-    v_base = V + b * stride_vb + hkv * stride_vh
-    for start in range(lo, hi, BLOCK_S):
-        s = start + tl.arange(0, BLOCK_S)
-        in_range = s < hi
-        k = tl.load(k_base + s[:, None] * stride_ks + d[None, :], mask=in_range[:, None], other=0.0)  # [S, D]
-        v = tl.load(v_base + s[:, None] * stride_vs + d[None, :], mask=in_range[:, None], other=0.0)
-        qk = _scores(q, k, qk_scale, IEEE, UPCAST)
-        qk = tl.where(in_range[None, :], qk, float("-inf"))
-        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, IEEE, UPCAST)
+    m_i, l_i, acc = _attend_range(q, K + b * stride_kb + hkv * stride_kh, V + b * stride_vb + hkv * stride_vh,
+                                  stride_ks, stride_vs, lo, hi, d, m_i, l_i, acc, qk_scale, BLOCK_S, IEEE, UPCAST)
 
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))

@@ -70,6 +70,21 @@ def _scores(q, k, qk_scale, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _attend_range(q, k_base, v_base, stride_ks, stride_vs, lo, hi, d, m_i, l_i, acc, qk_scale,
+                  BLOCK_S: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """Fold keys [lo, hi) of one KV head (every one visible) into the online softmax of q [M, D]."""
+    for start in range(lo, hi, BLOCK_S):
+        s = start + tl.arange(0, BLOCK_S)
+        in_range = s < hi
+        k = tl.load(k_base + s[:, None] * stride_ks + d[None, :], mask=in_range[:, None], other=0.0)  # [S, D]
+        v = tl.load(v_base + s[:, None] * stride_vs + d[None, :], mask=in_range[:, None], other=0.0)
+        qk = _scores(q, k, qk_scale, IEEE, UPCAST)
+        qk = tl.where(in_range[None, :], qk, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, IEEE, UPCAST)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _attention_kernel(
     Q, KC, VC, KN, VN, CtxLen, Bits, Out, OPart, LsePart, Counters,
     stride_qb, stride_qh, stride_qn,
@@ -113,16 +128,8 @@ def _attention_kernel(
     acc = tl.zeros([BLOCK_M, D], tl.float32)
 
     # ---- prefix: every key visible -------------------------------------------------------------
-    kc = KC + b * stride_kcb + hkv * stride_kch
-    vc = VC + b * stride_vcb + hkv * stride_vch
-    for start in range(lo, hi, BLOCK_S):
-        s = start + tl.arange(0, BLOCK_S)
-        in_range = s < hi
-        k = tl.load(kc + s[:, None] * stride_kcs + d[None, :], mask=in_range[:, None], other=0.0)  # [S, D]
-        v = tl.load(vc + s[:, None] * stride_vcs + d[None, :], mask=in_range[:, None], other=0.0)
-        qk = _scores(q, k, qk_scale, IEEE, UPCAST)
-        qk = tl.where(in_range[None, :], qk, float("-inf"))
-        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, IEEE, UPCAST)
+    m_i, l_i, acc = _attend_range(q, KC + b * stride_kcb + hkv * stride_kch, VC + b * stride_vcb + hkv * stride_vch,
+                                  stride_kcs, stride_vcs, lo, hi, d, m_i, l_i, acc, qk_scale, BLOCK_S, IEEE, UPCAST)
 
     # ---- new keys under the bitmask (the last split) --------------------------------------------
     if split == num_splits - 1:
