@@ -16,8 +16,9 @@ Measured on the H200 (2026-12-03, docs/measurements/README.md), it is not faster
 32 splits against the general kernel's 6.74 (but flat over the context where the other grows), Qwen3-8B's
 10.88 us at 16 splits against 10.78, and the AR step back to back equal (SmolLM2) or 0.18 ms slower (Qwen3-8B,
 at the then-plan's 35 splits). So the floor of a decode layer is not the merge; `triton-decode` stays an
-option that the pipeline picks only where its step times faster. The plan's split count is one program
-per SM, what the best configs of both shapes came to (16 x 8 and 32 x 3 programs on 132 SMs).
+option that the pipeline picks only where its step times faster. The plan takes about one program per SM,
+rounded down to a power of two splits (the merge's vector load pads to one: 35 splits ran 7.32 us where 32
+ran 6.39 on SmolLM2), which gives the best configs of both shapes (16 and 32 splits on 132 SMs).
 
 The query heads of a KV head group share its K/V tiles (rows = group, padded to 16 for the dot). Row
 lengths are read on the device: no host sync, capturable. Softmax is online, in fp32 (base 2). The
@@ -111,11 +112,11 @@ class DecodeConfig:
 def plan_decode(batch: int, kv_heads: int, context_hint: int, device: torch.device,
                 dtype: torch.dtype = torch.bfloat16) -> DecodeConfig:
     """Splits of at least one key tile over the longest context (`context_hint` + the step's key), at most
-    `MAX_SPLITS` and about one program per SM (the module docstring says why)."""
+    `MAX_SPLITS` and about one program per SM, rounded down to a power of two (the module docstring says why)."""
     block_s, warps, stages = (32, 4, 1) if dtype == torch.float32 else (64, 4, 3)
     tiles = triton.cdiv(context_hint + 1, block_s)
-    splits = max(1, min(tiles, MAX_SPLITS, triton.cdiv(num_sms(device), batch * kv_heads)))
-    return DecodeConfig(block_s, warps, stages, splits)
+    most = max(1, min(tiles, MAX_SPLITS, triton.cdiv(num_sms(device), batch * kv_heads)))
+    return DecodeConfig(block_s, warps, stages, 1 << (most.bit_length() - 1))
 
 
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor, tree_bits: Tensor, scale: float,

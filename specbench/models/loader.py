@@ -111,10 +111,9 @@ def build_model(cfg: ModelConfig, state_dict: Mapping[str, Tensor] | None, *, dt
     """A Transformer with the given native state dict (or seeded random weights when None).
 
     attention "auto": on CUDA $SPECBENCH_ATTENTION if set, else the Triton tree-attention kernel ("triton"); SDPA
-    elsewhere. fused: the `Transformer.set_fused`
-    level (None: $SPECBENCH_FUSED_LEVEL if set, else `CUDA_FUSED_LEVEL`, on CUDA; "reference" elsewhere), so
-    one environment variable switches every script's target between levels (or attention backends) for a same-machine
-    comparison."""
+    elsewhere. fused: the `Transformer.set_fused` level (None: $SPECBENCH_FUSED_LEVEL if set, else
+    `CUDA_FUSED_LEVEL`, on CUDA; "reference" elsewhere), so one environment variable switches every script's
+    target between levels (or attention backends) for a same-machine comparison."""
     on_cuda = torch.device(device).type == "cuda"
     env_attention = attention_from_env()  # checked on every device
     if attention == "auto":

@@ -89,7 +89,8 @@ def test_plan_spreads_the_longest_context_over_tiles() -> None:
     assert plan_decode(1, 1, 100_000, cpu).num_splits == min(MAX_SPLITS, 4)  # one program per SM (4 on the CPU)
     assert plan_decode(64, 8, 100_000, cpu).num_splits == 1  # enough programs without splitting
     assert plan_decode(1, 1, 95, cpu).num_splits == 2  # 96 keys: two tiles of 64
-    assert plan_decode(1, 8, 2177, torch.device("cpu")).num_splits == 1  # 8 programs already fill 4 "SMs"
+    assert plan_decode(1, 1, 150, cpu).num_splits == 2  # three tiles: a power of two below
+    assert plan_decode(1, 8, 2177, cpu).num_splits == 1  # 8 programs already fill 4 "SMs"
 
 
 def test_bad_inputs_fail_with_a_message(device) -> None:
