@@ -11,7 +11,7 @@
 #   scripts/gpu_train_session.sh eval-tokens  tau against training tokens (snapshots + final heads), exact replay
 #   scripts/gpu_train_session.sh ablate       tau and real-loop cost of the heads of /root/run-ablation
 #   scripts/gpu_train_session.sh heads        the final heads of /root/run (int8, as they ship) as one tar
-# Knobs (environment): GEN_MINUTES GEN_BATCH GEN_SHARDS GEN_ARGS; TRAIN_MINUTES TRAIN_HEADS TRAIN_ARGS RUN PACK (0: no
+# Knobs (environment): GEN_MINUTES GEN_BATCH GEN_SHARDS GEN_ARGS GEN_SEND; TRAIN_MINUTES TRAIN_HEADS TRAIN_ARGS RUN PACK (0: no
 # packed run back, for a train call that another train call of the same session follows); EVAL_MINUTES
 # EVAL_N EVAL_PARALLEL; ROOT (default /root) and DEVICE (default cuda) let the whole flow be rehearsed on a CPU
 # (tests/train/test_gpu_train_session.py) with GEN_ARGS/TRAIN_ARGS for a tiny random target. On this machine afterwards: `python scripts/bundle.py unpack FILES_AT --to .gpu-results`
@@ -51,7 +51,7 @@ case "$step" in
       ${GEN_SHARDS:+--shards $GEN_SHARDS} ${GEN_ARGS:-} 2>&1 | tee $ROOT/corpus_gen.log | grep -v "^corpus: shard .* batch" | tail -20
     grep "^corpus: shard .* batch" $ROOT/corpus_gen.log | tail -3
     new=$(comm -13 <(echo "$before") <(ls $CORPUS/shard-*.npz 2>/dev/null | sort) | xargs -r -n1 basename)
-    if [ -n "$new" ]; then
+    if [ -n "$new" ] && [ "${GEN_SEND:-1}" = 1 ]; then  # GEN_SEND=0: the shards stay on this machine only
       name="shards-$(echo $new | tr ' ' '\n' | head -1 | tr -dc 0-9)-$(echo $new | tr ' ' '\n' | tail -1 | tr -dc 0-9)"
       bundle pack "$name" $(for f in $new; do echo corpus/$f; done) --spool $SPOOL --base $ROOT
     fi

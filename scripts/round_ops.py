@@ -11,7 +11,8 @@ the values (not counted) and the CUDA code is run beside it for the count, under
 its Triton launches stubbed (counted, not executed): the layer ops (`fused_ops(--level)`: Triton kernels +
 cuBLAS), the target's attention (`triton_tree_attention`) and eagle3's draft-row attention
 (`context_attention`), the ranked top-k over a wide row (`ranked_topk_triton`), ddtree's build (the
-`top_b_tree` kernel: `ddtree` runs as `ddtree-vec`, its CUDA builder, which gives the same tree), greedy
+`top_b_tree` kernel: `ddtree` runs as `ddtree-vec`, its CUDA builder, which gives the same tree), ngram's trie
+(`ngram_trie`), greedy
 acceptance (`tree_accept`) and the K/V commit (`kv_compact`). The split of the attention kernel follows
 the interpreter's SM count (4), so a merge launch may be counted where the H200 (132 SMs) has none.
 Sizes follow the CPU run (the verify forward reads the filled slots, not the whole cache): they change
@@ -85,14 +86,15 @@ def build_drafter(name: str, target: Any, draft_vocab: int) -> Any:
     if name == "eagle3":
         return DRAFTERS.build(name, target, random_init=True, draft_vocab=draft_vocab)
     if name == "ngram":
-        return DRAFTERS.build(name, target, on_device=True)  # the CUDA default: device drafting
+        return DRAFTERS.build(name, target, on_device=True, kernel=True)  # the CUDA default: device drafting, one kernel
     return DRAFTERS.build(name, target, random_init=True)
 
 
 @contextlib.contextmanager
 def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iterator[None]:
     """Every CPU/CUDA divergence of the round shadowed by its CUDA path (module docstring)."""
-    from specbench.kernels import reference, tree_attention
+    from specbench.drafters import ngram
+    from specbench.kernels import ngram_trie, reference, tree_attention
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
     from specbench.models.triton_attention import triton_tree_attention
@@ -123,6 +125,11 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (decoder.KVCache, "compact_with_index_ops",
          shadow(decoder.KVCache.compact_with_index_ops, decoder.KVCache.compact_with_kernel)),
     ]
+    def trie_reference(history, length, root, max_ngram, min_ngram, max_matches, size):  # type: ignore[no-untyped-def]
+        tree, count = ngram.lookup_trie(root, history, length, max_ngram, min_ngram, max_matches, size, kernel=False)
+        return tree.tokens, tree.parents, tree.depth, tree.scores, count
+
+    pairs.append((ngram_trie, "ngram_trie", shadow(trie_reference, ngram_trie.ngram_trie)))
     if isinstance(policy, ddtree_vec.DDTreeVecPolicy):
         pairs.append((ddtree_vec, "build_top_b", shadow(ddtree_vec.build_top_b, policy._kernel_build)))
     with swapped(pairs), counter.stubbed_launches():

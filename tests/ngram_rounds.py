@@ -59,12 +59,13 @@ def accept_some(tree: DraftTree, rng: np.random.Generator, vocab: int) -> Accept
     return Acceptance(torch.tensor(row, device=tree.device))
 
 
-def check_device_rounds(device: torch.device, tree: str, trials: int, seed: int = 3) -> int:
+def check_device_rounds(device: torch.device, tree: str, trials: int, seed: int = 3, kernel: bool | None = None) -> int:
     """Random and repetitive histories (vocabularies of 1-5 tokens, a repeated span: tied matches; 50:
     mostly no match = the root alone), n-gram ranges, match caps and budgets (smaller and larger than the
     trie), up to 8 rounds each: the device drafter on `device` drafts the host path's tree (same nodes,
     same order, same scores), padded to 1 + budget nodes. Returns the rounds compared whose tree had a draft
-    node (a match), so a caller can see that the comparison was not of root-only trees."""
+    node (a match), so a caller can see that the comparison was not of root-only trees. kernel: the drafter's
+    `kernel` argument (None: its default, the Triton kernel on CUDA)."""
     policy = TREE_POLICIES.build(tree)
     drafted = 0
     rng = np.random.default_rng(seed)
@@ -78,7 +79,7 @@ def check_device_rounds(device: torch.device, tree: str, trials: int, seed: int 
         if trial % 4 == 0:
             tokens = (tokens[:4] * 6)[: len(tokens) + 8]
         host = NgramDrafter(CpuTarget(), **args, on_device=False)  # type: ignore[arg-type]
-        on_device = NgramDrafter(CpuTarget(device), **args, on_device=True)  # type: ignore[arg-type]
+        on_device = NgramDrafter(CpuTarget(device), **args, on_device=True, kernel=kernel)  # type: ignore[arg-type]
         assert on_device.capturable(policy) and not host.capturable(policy)
         state = state_of(tokens)
         on_device.begin(state, ForwardOutput(logits=torch.empty(0), hidden={}), 80)

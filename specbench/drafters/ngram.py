@@ -84,9 +84,17 @@ def match_trie(anchor: Anchor, table: Tensor, valid: Tensor) -> tuple[DraftTree,
 
 
 def lookup_trie(anchor: Anchor, history: Tensor, length: Tensor, max_ngram: int, min_ngram: int, max_matches: int,
-                size: int) -> tuple[DraftTree, Tensor]:
+                size: int, kernel: bool = False) -> tuple[DraftTree, Tensor]:
     """The padded trie (`match_trie`) of the continuations, up to `size` tokens each, of history[:length]'s
-    longest matched suffix, and its real node count [1]."""
+    longest matched suffix, and its real node count [1]. kernel: the same arrays from one Triton launch
+    (`specbench.kernels.ngram_trie`, whose reference this function is)."""
+    if kernel:
+        from specbench.kernels.ngram_trie import ngram_trie
+
+        tok, par, dep, scores, count = ngram_trie(history, length, anchor_tensor(anchor, history.device), max_ngram,
+                                                  min_ngram, max_matches, size)
+        return DraftTree(tokens=tok, parents=par, depth=dep, scores=scores, depth_bound=size,
+                         meta={"padded": True}), count
     starts = match_starts(history, length, max_ngram, min_ngram, max_matches)
     return match_trie(anchor, *continuations(history, length, starts, size))
 
@@ -101,7 +109,9 @@ class NgramDrafter(Drafter):
     Device drafting (`capturable`) under the policies whose select is tensor ops on the target's device
     (chain, ddtree-vec; ddtree off the CPU): the history lives in a device buffer and the trie keeps its
     padding, so the verified tree has 1 + budget nodes whatever the match. on_device: None = off the
-    CPU only (on the CPU the host path verifies only the real nodes), True / False = always / never."""
+    CPU only (on the CPU the host path verifies only the real nodes), True / False = always / never.
+    kernel: device drafting as one Triton launch instead of ~86 tensor ops (None = on CUDA; True also on the
+    CPU under TRITON_INTERPRET=1)."""
 
     name = "ngram"
     policies = ("chain", "ddtree", "ddtree-vec", "static")  # select() on a scored trie
@@ -109,7 +119,7 @@ class NgramDrafter(Drafter):
     weights = None
 
     def __init__(self, target: TargetModel, max_ngram: int = 3, min_ngram: int = 1, max_matches: int = 8,
-                 on_device: bool | None = None) -> None:
+                 on_device: bool | None = None, kernel: bool | None = None) -> None:
         super().__init__(target)
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
@@ -117,6 +127,7 @@ class NgramDrafter(Drafter):
             raise ValueError(f"need max_matches >= 1, got {max_matches}")
         self.max_ngram, self.min_ngram, self.max_matches = max_ngram, min_ngram, max_matches
         self.on_device = target.device.type != "cpu" if on_device is None else bool(on_device)
+        self.kernel = target.device.type == "cuda" if kernel is None else bool(kernel)
         self.history: Tensor | None = None  # [S] committed tokens (device drafting)
         self.length: Tensor | None = None  # [1] how many of them
         self.tracking = False  # device drafting ran this request: observe extends the history
@@ -159,7 +170,7 @@ class NgramDrafter(Drafter):
             return [("draft", lambda _: DraftTree.root_only(anchor, self.target.device))]
         history, length = self.history, self.length
         return [("draft", lambda _: lookup_trie(anchor, history, length, self.max_ngram, self.min_ngram,
-                                                self.max_matches, budget)[0]),
+                                                self.max_matches, budget, self.kernel)[0]),
                 ("tree", lambda trie: policy.select(trie, budget))]
 
     def _moved(self, tree: DraftTree) -> DraftTree:

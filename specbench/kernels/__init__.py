@@ -17,6 +17,8 @@ kernels run only under TRITON_INTERPRET=1 (set before import).
   kv_compact.py       move the accepted path's K/V to the prefix, all layers in one launch
   ranked_topk.py      the k best entries of wide rows by (value desc, id asc): chunk + merge passes
   top_b_tree.py       DDTree's top-B tree over ranked per-depth tables, one program per tree
+  ngram_trie.py       prompt lookup's suffix match and padded trie in one program (its reference: the ngram
+                      drafter's tensor ops, drafters/ngram.py, which the kernel test compares)
   fused.py            the decoder layer's element-wise ops (add+RMSNorm, q/k-norm+RoPE+K/V write, SiLU*up)
   norm_linear.py      add+RMSNorm / SiLU*up fused into the matrix product after them (decode, verify rows); a
                       decode step's wo on the same matrix-vector kernel
