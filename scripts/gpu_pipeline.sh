@@ -9,6 +9,7 @@
 #   corpus   scripts/gpu_train_session.sh corpus for GEN_MINUTES (issue 14's resumable shards)
 #   train    TRAIN_HEADS on that corpus, a fresh run: a probe of PROBE_STEPS measures the step time, then the
 #            run is rescheduled (wsd) to end by TRAIN_END_S; the state at the start of the decay is packed
+#            and its int8 heads go back as a bundle of their own (STABLE_HEADS=0: not)
 #            (a later session resumes it with --reschedule), the decayed heads are the result;
 #            TRAIN_EXTRA="--init-heads specbench/heads" trains the shipped heads on (a run whose state is gone)
 #   trainbench  scripts/bench_train_step.py on that corpus: the training step by variant (TRAINBENCH_VARIANTS, default
@@ -91,6 +92,11 @@ train_scheduled() {
   python3 -m specbench.cli train $common --drafter $heads --out $run --steps $total --reschedule --until-step $decay_at $sched_extra \
     > $P/train_stable.txt 2>&1
   tail -8 $P/train_stable.txt
+  if [ "${STABLE_HEADS:-1}" = 1 ] && [ -d $run/heads ]; then  # the heads where the decay starts go back first: a
+    # machine taken back during the decay (or a collect that comes too late) still returns trained heads
+    rm -rf $P/stable-heads && mkdir -p $P/stable-heads && cp -r $run/heads/. $P/stable-heads/
+    bundle pack $(basename $run)-stable-heads stable-heads --spool $SPOOL --base $P --chunk-mib 14
+  fi
   if [ "${PACK:-1}" = 1 ]; then  # PACK=0: a run no later session resumes (an ablation) is not packed
     rm -rf $ROOT/pack && python3 -m specbench.cli train-pack "$run" $ROOT/pack/run > $P/pack.txt 2>&1; cat $P/pack.txt
   fi
