@@ -52,7 +52,8 @@
 #   topk     the ranked top-k kernel's tests on CUDA (TOPK_TESTS=0: not), then scripts/bench_ranked_topk.py (kernel vs
 #            packed keys vs the stable sort)
 #   profile  scripts/profile_round.py --kernels for PROFILE_CONFIGS (PROFILE_ARGS: its drafter args; PROFILE_END_S)
-#   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S)
+#   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S; ROUNDS_ARGS:
+#            study overrides, e.g. "drafters=[ngram] trees=[ddtree] budgets=[16,64] tree_args={}": the ngram rows only)
 #   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD, default the shipped head; FS_CAL: a
 #            calibration file for the foresight scores; FS_ARGS more flags, e.g. "--J 0 --R 0" (no refinement, no refresh), with FS_TAG naming
 #            their files; or FS_VARIANTS="TAG|CONFIGS|ARGS;..." several such runs per tree, e.g.
@@ -363,7 +364,7 @@ phase_rounds() {
   local R=$P/rounds; mkdir -p $R
   log "round table"
   timeout $(left ${ROUNDS_END_S:-600}) python3 -m specbench.cli run experiments/round_table.py --device $DEVICE --dtype $DTYPE \
-    --data-dir $SPECBENCH_DATA --out $R/round_table > $R/round_table.txt 2>&1 || failed "round table" $?
+    --data-dir $SPECBENCH_DATA --out $R/round_table ${ROUNDS_ARGS:-} > $R/round_table.txt 2>&1 || failed "round table" $?
   tail -30 $R/round_table.txt
   python3 -m specbench.cli table $R/round_table/results.jsonl --rows drafter,tree,budget --cols dataset \
     --value tau,decode_tok_s,speedup_decode,draft_ms,tree_ms,verify_forward_ms,verify_ms,commit_ms,round_ms,overhead_frac \
