@@ -14,8 +14,11 @@ with the seed; shard k holds plan entries [k*S, (k+1)*S). Any machine with the d
 plan and checks it against the digest. A shard is answered in units: its prompts sorted by length,
 cut into batches of gen_batch (recorded in the partial header, so a resumed shard keeps its batches),
 each batch answered once per distinct temperature (equal temperatures share one batched call). A unit's
-sampled responses draw from a generator seeded by (seed, shard, batch, temperature group), so a shard
-finished after any number of interruptions holds exactly what an uninterrupted run writes.
+sampled responses draw from a generator seeded by (sample seed, shard, batch, temperature group), so a
+shard finished after any number of interruptions holds exactly what an uninterrupted run writes. The sample
+seed is the seed unless `sample_seed` names another: the same plan (prompts, shards, greedy responses and so
+the validation split) with fresh samples, which is how a machine that regenerates the corpus each session
+trains on new responses rather than on the same ones again.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class CorpusSpec:
     temperatures: tuple[float, ...]
     seed: int
     shard_size: int
+    sample_seed: int | None = None  # the sampled responses' seed; None = seed (corpora made before it existed)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sets", tuple(self.sets))
@@ -78,7 +82,11 @@ class CorpusSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CorpusSpec":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})  # absent: the field's default
+
+    @property
+    def sampling_seed(self) -> int:
+        return self.seed if self.sample_seed is None else self.sample_seed
 
     @property
     def groups(self) -> list[tuple[float, list[int]]]:
@@ -214,11 +222,12 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def open_or_create(directory: str | Path, target: TargetModel, data_dir: str | Path | None, *, sets: Sequence[str],
                    max_prompt_len: int, max_new_tokens: int, temperatures: Sequence[float], seed: int,
-                   shard_size: int) -> tuple[Corpus, list[PlanEntry]]:
+                   shard_size: int, sample_seed: int | None = None) -> tuple[Corpus, list[PlanEntry]]:
     """The corpus for these settings (made if absent, checked if present) and its plan."""
     spec = CorpusSpec(target=target.name, target_fingerprint=target.fingerprint, dtype=_dtype_name(target),
                       sets=tuple(sets), max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
-                      temperatures=tuple(temperatures), seed=seed, shard_size=shard_size)
+                      temperatures=tuple(temperatures), seed=seed, shard_size=shard_size,
+                      sample_seed=None if sample_seed == seed else sample_seed)
     plan = build_plan(target, data_dir, spec)
     if not plan:
         raise CorpusError(f"no training prompt of {','.join(sets)} fits --max-prompt-len {max_prompt_len}")
@@ -293,7 +302,7 @@ def generate_shard(target: TargetModel, corpus: Corpus, plan: Sequence[PlanEntry
             t0 = time.monotonic()
             gen = None
             if temperature > 0:
-                gen = torch.Generator(device=target.device).manual_seed(unit_seed(spec.seed, k, b, g))
+                gen = torch.Generator(device=target.device).manual_seed(unit_seed(spec.sampling_seed, k, b, g))
             responses = generate_batch(target, rows, spec.max_new_tokens, temperature, gen)
             dt = time.monotonic() - t0
             f.write(json.dumps({"batch": b, "group": g, "seconds": round(dt, 3), "responses": responses}) + "\n")

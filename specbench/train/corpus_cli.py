@@ -49,6 +49,9 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperatures", default=DEFAULT_TEMPERATURES,
                    help=f"one response per value, 0 = greedy (default {DEFAULT_TEMPERATURES})")
     p.add_argument("--seed", type=int, default=0, help="prompt order and sampling seed")
+    p.add_argument("--sample-seed", type=int, default=None,
+                   help="the sampled responses' seed only (default --seed): the same prompts, shards, greedy responses "
+                        "and validation split with fresh samples (a corpus regenerated per session: new data each time)")
     p.add_argument("--shard-size", type=int, default=512, help="prompts per shard")
     p.add_argument("--gen-batch", type=int, default=64, help="prompts per generation batch (recorded per shard)")
     p.add_argument("--shards", default=None, help="only these shards, e.g. 0-3,7 (default: every unfinished one)")
@@ -68,7 +71,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
     corpus, plan = corpus_mod.open_or_create(
         args.out, target, args.data, sets=[s for s in args.sets.split(",") if s], max_prompt_len=args.max_prompt_len,
-        max_new_tokens=args.max_new_tokens, temperatures=temperatures, seed=args.seed, shard_size=args.shard_size)
+        max_new_tokens=args.max_new_tokens, temperatures=temperatures, seed=args.seed, shard_size=args.shard_size,
+        sample_seed=args.sample_seed)
     print(f"specbench corpus: {corpus.num_prompts} prompts in {corpus.num_shards} shards of {args.shard_size}, "
           f"{len(corpus.finished())} finished (plan {corpus.digest})", file=sys.stderr)
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -83,7 +87,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def format_status(st: dict[str, Any]) -> str:
     spec = st["spec"]
     lines = [f"corpus {st['dir']}: target {spec['target']} ({spec['target_fingerprint']}, {spec['dtype']}), "
-             f"sets {','.join(spec['sets'])}, max_new_tokens {spec['max_new_tokens']}, seed {spec['seed']}, plan {st['plan_digest']}",
+             f"sets {','.join(spec['sets'])}, max_new_tokens {spec['max_new_tokens']}, seed {spec['seed']}"
+             f"{'' if spec.get('sample_seed') is None else ', sample seed ' + str(spec['sample_seed'])}, plan {st['plan_digest']}",
              f"shards {st['finished_shards']}/{st['shards']} finished ({st['prompts']}/{st['plan_prompts']} prompts); "
              f"partial: {st['partial_units'] or 'none'}; {st['bytes'] / 2**20:.1f} MiB; generation {st['generation_s']:.0f}s",
              f"sequences {st['sequences']:,}  response tokens {st['response_tokens']:,}  prompt tokens "

@@ -147,3 +147,27 @@ def test_training_items_never_hold_evaluation_items() -> None:
     gsm = training_items("gsm8k_train", data)
     test_questions = {json.loads(line)["question"] for line in (data / "gsm8k_test.jsonl").read_text().splitlines() if line}
     assert len(gsm) == 7473 and not {t for _, t in gsm} & test_questions
+
+
+def test_sample_seed_gives_fresh_samples_of_the_same_plan(tiny_target, tmp_path) -> None:
+    """--sample-seed changes the sampled responses only: same plan and shards, same greedy responses (so the
+    same validation split), other samples; a corpus made before the field existed reads as sample seed = seed."""
+    a, plan_a = make(tiny_target, tmp_path / "a")
+    b, plan_b = make(tiny_target, tmp_path / "b", sample_seed=7)
+    same, _ = make(tiny_target, tmp_path / "same", sample_seed=SETTINGS["seed"])
+    assert a.digest == b.digest and [e.id for e in plan_a] == [e.id for e in plan_b]
+    assert same.spec == a.spec and b.spec.sampling_seed == 7 and a.spec.sampling_seed == 3
+    for c, p in ((a, plan_a), (b, plan_b)):
+        C.generate(tiny_target, c, p, gen_batch=4, shards=[0], log=lambda m: None)
+    sa, _ = C.load_shard(a.shard_path(0))
+    sb, meta_b = C.load_shard(b.shard_path(0))
+    assert meta_b["spec"]["sample_seed"] == 7
+    rows = [(sa[i].response, sb[i].response, int(sa.variant[i])) for i in range(len(sa))]
+    assert all(ra == rb for ra, rb, v in rows if v == 0)
+    assert any(ra != rb for ra, rb, v in rows if v > 0)
+    with pytest.raises(C.CorpusError, match="sample_seed"):
+        make(tiny_target, tmp_path / "b", sample_seed=8)
+    legacy = json.loads((a.dir / C.SPEC_FILE).read_text())
+    del legacy["spec"]["sample_seed"]
+    (a.dir / C.SPEC_FILE).write_text(json.dumps(legacy))
+    assert C.Corpus.open(a.dir).spec == a.spec
