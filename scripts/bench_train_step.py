@@ -1,11 +1,12 @@
 """Where a training step's time goes, and what bf16 autocast and a larger batch buy (issue 14's throughput).
 
     python scripts/bench_train_step.py --corpus /root/corpus --device cuda [--heads dflash,jetspec,...] \
-        [--variants none/16,bf16/16] [--steps 8] [--warmup 3] [--profile] [--json OUT] [--choose OUT]
+        [--variants none/16,bf16/16,none/16/chain] [--steps 8] [--warmup 3] [--profile] [--json OUT] [--choose OUT]
     python scripts/bench_train_step.py --target random:tiny-llama --synthetic 24 --device cpu --steps 2   # dry run
 
-Each variant AUTOCAST/BATCH is a fresh `Trainer` (the heads as `specbench train` builds them) over the same
-sequences: the corpus's training split, or --synthetic N random sequences of corpus-like lengths. After
+Each variant AUTOCAST/BATCH[/chain] is a fresh `Trainer` (the heads as `specbench train` builds them) over the same
+sequences: the corpus's training split, or --synthetic N random sequences of corpus-like lengths ("/chain": with
+the forward KL as its autograd chain, SPECBENCH_FUSED_KL=0, where CUDA otherwise runs `kernels/kl_loss.py`). After
 --warmup steps it times --steps steps twice: the whole `Trainer.train_step` (wall clock to a device sync:
 what a run gets), and the same steps split by CUDA events into the target forward and each head's
 loss, backward, clip and optimizer step (`Trainer.objective_step`). It also compares each head's loss on
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -33,16 +35,21 @@ from typing import Any
 import torch
 
 
-def parse_variants(text: str) -> list[tuple[str, int]]:
-    """"none/16,bf16/32" -> [("none", 16), ("bf16", 32)]."""
+KL_PATHS = ("fused", "chain")  # the forward KL's kernels on CUDA, or its autograd chain (SPECBENCH_FUSED_KL=0)
+
+
+def parse_variants(text: str) -> list[tuple[str, int, str]]:
+    """"none/16,bf16/32,none/16/chain" -> [("none", 16, "fused"), ("bf16", 32, "fused"), ("none", 16, "chain")]."""
     from specbench.train.trainer import AUTOCASTS
 
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
-        autocast, _, batch = item.partition("/")
-        if autocast not in AUTOCASTS or not batch.isdigit() or int(batch) < 1:
-            raise ValueError(f"--variants takes AUTOCAST/BATCH items (AUTOCAST one of {AUTOCASTS}), got {item!r}")
-        out.append((autocast, int(batch)))
+        autocast, _, rest = item.partition("/")
+        batch, _, kl = rest.partition("/")
+        kl = kl or "fused"
+        if autocast not in AUTOCASTS or not batch.isdigit() or int(batch) < 1 or kl not in KL_PATHS:
+            raise ValueError(f"--variants takes AUTOCAST/BATCH[/chain] items (AUTOCAST one of {AUTOCASTS}), got {item!r}")
+        out.append((autocast, int(batch), kl))
     if not out:
         raise ValueError("--variants names no variant")
     return out
@@ -104,7 +111,21 @@ def build_trainer(args: argparse.Namespace, target: Any, store: Any, autocast: s
     return Trainer(target, objectives, store, config, out)
 
 
-def time_variant(args: argparse.Namespace, target: Any, store: Any, autocast: str, batch: int) -> dict[str, Any]:
+def time_variant(args: argparse.Namespace, target: Any, store: Any, autocast: str, batch: int,
+                 kl: str = "fused") -> dict[str, Any]:
+    device = target.device
+    saved = os.environ.get("SPECBENCH_FUSED_KL")
+    os.environ["SPECBENCH_FUSED_KL"] = "0" if kl == "chain" else "1"
+    try:
+        return _time_variant(args, target, store, autocast, batch, kl)
+    finally:
+        if saved is None:
+            os.environ.pop("SPECBENCH_FUSED_KL", None)
+        else:
+            os.environ["SPECBENCH_FUSED_KL"] = saved
+
+
+def _time_variant(args: argparse.Namespace, target: Any, store: Any, autocast: str, batch: int, kl: str) -> dict[str, Any]:
     device = target.device
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_trainer(args, target, store, autocast, batch, Path(tmp))
@@ -135,7 +156,8 @@ def time_variant(args: argparse.Namespace, target: Any, store: Any, autocast: st
     if device.type == "cuda":
         torch.cuda.empty_cache()
     wall = sum(walls)
-    return {"variant": f"{autocast}/{batch}", "autocast": autocast, "batch": batch,
+    return {"variant": f"{autocast}/{batch}" + ("/chain" if kl == "chain" else ""), "autocast": autocast,
+            "batch": batch, "kl": kl,
             "step_ms": round(1e3 * statistics.median(walls), 2), "seq_tok_s": round(seq / wall, 1),
             "resp_tok_s": round(resp / wall, 1),
             "parts_ms": {k: round(statistics.median(v), 2) for k, v in parts.items()},
@@ -153,7 +175,8 @@ def choose(rows: list[dict[str, Any]], tol: float, min_gain: float) -> tuple[str
         if r["batch"] != base["batch"]:
             continue
         r["losses_close"] = all(abs(r["first_losses"][k] - v) <= tol * abs(v) for k, v in base["first_losses"].items())
-        if r["autocast"] == "bf16" and base["autocast"] == "none" and r["losses_close"]:
+        same_kl = r.get("kl", "fused") == base.get("kl", "fused")  # a /chain row is a check, not a choice
+        if same_kl and r["autocast"] == "bf16" and base["autocast"] == "none" and r["losses_close"]:
             heads = [k for k in base["parts_ms"] if k != "target forward"
                      and r["parts_ms"][k] < (1.0 - min_gain) * base["parts_ms"][k]]
     names = [k for k in base["parts_ms"] if k != "target forward"]
@@ -243,18 +266,19 @@ def main() -> int:
     lengths = store.response_lengths().float()
     print(f"bench_train_step: {len(store)} sequences, mean response {lengths.mean():.0f} tokens; heads {args.heads}; "
           f"{args.device} {dtype}", file=sys.stderr)
-    def timed(autocast: str, batch: int) -> dict[str, Any]:
-        row = time_variant(args, target, store, autocast, batch)
+    def timed(autocast: str, batch: int, kl: str = "fused") -> dict[str, Any]:
+        row = time_variant(args, target, store, autocast, batch, kl)
         parts = ", ".join(f"{k} {v:.1f}" for k, v in row["parts_ms"].items())
         print(f"{row['variant']:>10}: {row['step_ms']:8.1f} ms/step, {row['seq_tok_s']:>9,.0f} seq tok/s, "
               f"{row['resp_tok_s']:>9,.0f} response tok/s | ms: {parts}")
         return row
 
-    rows = [timed(autocast, batch) for autocast, batch in variants]
+    rows = [timed(*variant) for variant in variants]
     autocast, batch = choose(rows, args.loss_tol, args.min_gain)
-    if (autocast, batch) not in {(r["autocast"], r["batch"]) for r in rows}:  # some heads only: time it too
-        rows.append(timed(autocast, batch))
-    best = next(r for r in rows if (r["autocast"], r["batch"]) == (autocast, batch))
+    kl = rows[0]["kl"]
+    if (autocast, batch, kl) not in {(r["autocast"], r["batch"], r["kl"]) for r in rows}:  # some heads only: time it too
+        rows.append(timed(autocast, batch, kl))
+    best = next(r for r in rows if (r["autocast"], r["batch"], r["kl"]) == (autocast, batch, kl))
     for r in rows[1:]:
         if "losses_close" in r:
             diffs = ", ".join(f"{k.split('/')[0]} {(r['first_losses'][k] - v) / max(abs(v), 1e-12):+.4f}"

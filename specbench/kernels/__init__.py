@@ -26,6 +26,7 @@ kernels run only under TRITON_INTERPRET=1 (set before import).
   row_stats.py        RowStats: a stream whose pending part is added already (no Triton import)
   norm_stats.py       RMSNorm's row statistics from the product that writes the stream (residual epilogue), for
                       consumers with the norm weight folded in: a layer without its RMSNorm kernels (timed slower)
+  kl_loss.py          the heads' forward-KL distillation loss per row: one streaming pass forward, one backward
   per_shape.py        the faster of a fused kernel and its unfused composition, timed once per shape
   masks.py            packed bitmasks (pack_tree_mask, block_causal_mask)
   device.py           where the kernels may run (CUDA, or the CPU under TRITON_INTERPRET=1)

@@ -189,3 +189,20 @@ def ranked_topk_reference(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     x = x.float()
     ids = torch.sort(x + 0.0, dim=-1, descending=True, stable=True).indices[:, :k]
     return x.gather(-1, ids), ids
+
+
+def forward_kl_rows_reference(student: Tensor, teacher: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+    """`kl_loss.forward_kl_rows`: (KL(softmax(teacher / T) || softmax(student / T)) [M], lse_q [M], lse_p [M]),
+    in float64 and returned as float32; a teacher entry of -inf adds nothing."""
+    s, p = student.double() / temperature, teacher.double() / temperature
+    lse_q, lse_p = torch.logsumexp(s, -1), torch.logsumexp(p, -1)
+    prob = (p - lse_p[:, None]).exp()
+    kl = torch.where(prob > 0, prob * ((p - lse_p[:, None]) - (s - lse_q[:, None])), 0.0).sum(-1)
+    return kl.float(), lse_q.float(), lse_p.float()
+
+
+def forward_kl_rows_grad_reference(student: Tensor, teacher: Tensor, grad_rows: Tensor, temperature: float = 1.0) -> Tensor:
+    """`kl_loss.forward_kl_rows_grad`: grad_rows[r] * (softmax(s / T) - softmax(p / T)) / T, in the student's dtype."""
+    s, p = student.double() / temperature, teacher.double() / temperature
+    diff = torch.softmax(s, -1) - torch.softmax(p, -1)
+    return (grad_rows.double()[:, None] * diff / temperature).to(student.dtype)

@@ -15,12 +15,14 @@ SCRIPT = REPO / "scripts" / "bench_train_step.py"
 def test_bench_train_step_times_parts_and_chooses(tmp_path) -> None:
     out, chosen = tmp_path / "bench.json", tmp_path / "chosen.txt"
     res = subprocess.run([sys.executable, str(SCRIPT), "--target", "random:tiny-llama", "--device", "cpu", "--synthetic", "10",
-                          "--max-len", "512", "--steps", "1", "--warmup", "1", "--variants", "none/2,bf16/2,none/3",
+                          "--max-len", "512", "--steps", "1", "--warmup", "1", "--variants", "none/2,bf16/2,none/3,none/2/chain",
                           "--heads", "dflash,jetspec-tree", "--min-gain", "1000", "--json", str(out), "--choose", str(chosen)],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert [r["variant"] for r in report["variants"]] == ["none/2", "bf16/2", "none/3"]
+    assert [r["variant"] for r in report["variants"]] == ["none/2", "bf16/2", "none/3", "none/2/chain"]
+    assert [r["kl"] for r in report["variants"]] == ["fused", "fused", "fused", "chain"]
+    assert report["variants"][3]["losses_close"] is True  # the KL's autograd chain: the same losses
     for row in report["variants"]:
         assert set(row["parts_ms"]) == {"target forward", "dflash", "jetspec-tree"}
         assert row["step_ms"] > 0 and row["resp_tok_s"] > 0 and set(row["first_losses"]) == {"dflash/loss", "jetspec-tree/loss"}
@@ -34,6 +36,9 @@ def test_bench_train_step_refuses_bad_variants(tmp_path) -> None:
     res = subprocess.run([sys.executable, str(SCRIPT), "--target", "random:tiny-llama", "--device", "cpu", "--synthetic", "4",
                           "--variants", "fp16/8"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 2 and "--variants takes AUTOCAST/BATCH" in res.stderr
+    res = subprocess.run([sys.executable, str(SCRIPT), "--target", "random:tiny-llama", "--device", "cpu", "--synthetic", "4",
+                          "--variants", "none/8/fast"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2 and "AUTOCAST/BATCH[/chain]" in res.stderr
 
 
 def test_choose_picks_autocast_per_head() -> None:
