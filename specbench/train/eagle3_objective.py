@@ -66,7 +66,9 @@ def ttt_forward(head: Eagle3Head, embeds: Tensor, features: Tensor, steps: int) 
     v_cache: Tensor | None = None
     out: list[Tensor] = []
     for s in range(steps):
-        blank = hidden.new_zeros(b, attn.n_kv, t, attn.head_dim)
+        # one dtype for every step's keys: under autocast the fed-back hidden is fp32 while step 0's keys are
+        # bf16, and a cat of the two would promote the caches (and SDPA's inputs) to fp32 from step 1 on
+        blank = (hidden if k_cache is None else k_cache).new_zeros(b, attn.n_kv, t, attn.head_dim)
         k_cache = blank if k_cache is None else torch.cat([k_cache, blank], dim=2)  # a fresh buffer per step
         v_cache = blank.clone() if v_cache is None else torch.cat([v_cache, blank], dim=2)
         slots = (s * t + torch.arange(t, device=embeds.device)).expand(b, t)

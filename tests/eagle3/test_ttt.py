@@ -90,6 +90,29 @@ def test_ttt_steps_equal_test_time_drafting(tiny8) -> None:
                 parent = rows[1:]
 
 
+def test_ttt_steps_keep_one_key_dtype_under_autocast(tiny8, monkeypatch) -> None:
+    """Under bf16 autocast every unrolled step's attention gets q, k and v of one dtype: the fed-back hidden is
+    fp32 there, and a cache grown from it had promoted the keys of steps 1.. to fp32 (issue 14's training step)."""
+    import specbench.train.eagle3_objective as objective_module
+
+    seen: list[tuple[torch.dtype, ...]] = []
+    sdpa = objective_module.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(objective_module.F, "scaled_dot_product_attention", spy)
+    cfg = tiny8.config
+    head = Eagle3Head(cfg, eagle3_feature_layers(cfg.num_layers), 48).init_weights(tiny8.model, seed=5)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    features = torch.randn(2, 12, cfg.hidden_size * len(head.feature_layers), generator=torch.Generator().manual_seed(4))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hiddens = ttt_forward(head, tiny8.model.embed(tokens), features, 4)
+    assert len(hiddens) == 4 and len(seen) == 4
+    assert all(dtypes == (torch.bfloat16,) * 3 for dtypes in seen), seen
+
+
 def test_objective_is_registered_and_configured(tiny8) -> None:
     assert OBJECTIVES.get("eagle3") is Eagle3Objective
     obj = Eagle3Objective(tiny8, draft_vocab=32)
