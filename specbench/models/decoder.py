@@ -192,13 +192,26 @@ EAGER_MASKED_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_A
 _CUDNN_EVERYWHERE = os.environ.get("SPECBENCH_SDPA_CUDNN") == "1"
 
 
+def expand_gqa(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """K/V [B, Hkv, S, D] with each head repeated to `heads` (query head h reads K/V head h // (heads / Hkv),
+    as SDPA's enable_gqa does): for the kernels that take a mask but no GQA broadcast."""
+    rep = heads // k.shape[1]
+    return (k, v) if rep == 1 else (k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1))
+
+
 def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, *, static_shape: bool = False) -> Tensor:
     """F.scaled_dot_product_attention with a boolean mask: q [B, H, N, D], k/v [B, Hkv, S, D], mask
     broadcastable to [B, H, N, S]. static_shape: the same shapes recur (a captured forward over the
-    whole cache), so PyTorch's backend choice stands; otherwise `EAGER_MASKED_SDPA_BACKENDS`."""
+    whole cache), so PyTorch's backend choice stands; otherwise `EAGER_MASKED_SDPA_BACKENDS`.
+    Training on CUDA (a grad to take) repeats the K/V heads: the memory-efficient kernel takes a mask but no
+    GQA broadcast, so enable_gqa with a mask leaves only the math path, whose batched products and saved
+    [B, H, N, S] scores were ~28 % of the H200's training step (2026-12-03, docs/measurements/README.md)."""
     gqa = q.shape[1] != k.shape[1]
     if static_shape or _CUDNN_EVERYWHERE or q.device.type != "cuda":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if gqa and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        k, v = expand_gqa(k, v, q.shape[1])
+        gqa = False
     with sdpa_kernel(list(EAGER_MASKED_SDPA_BACKENDS)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 

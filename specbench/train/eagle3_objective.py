@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers, select_draft_vocab, target_to_draft
-from specbench.models.decoder import AttentionMeta
+from specbench.models.decoder import AttentionMeta, expand_gqa
 from specbench.models.target import TargetModel
 from specbench.train import OBJECTIVES
 from specbench.train.objective import HeadObjective, Metrics, TargetBatch
@@ -43,9 +43,7 @@ def ttt_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMe
     so CUDA can use its memory-efficient kernel with a mask)."""
     seq_len = q.shape[2]
     step = k_cache.shape[2] // seq_len - 1
-    rep = q.shape[1] // k_cache.shape[1]
-    k = k_cache.repeat_interleave(rep, dim=1) if rep > 1 else k_cache
-    v = v_cache.repeat_interleave(rep, dim=1) if rep > 1 else v_cache
+    k, v = expand_gqa(k_cache, v_cache, q.shape[1])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=ttt_mask(seq_len, step, q.device), scale=scale)
 
 

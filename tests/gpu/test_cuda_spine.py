@@ -42,6 +42,36 @@ def test_greedy_sd_equals_ar_on_cuda(drafter: str, budget: int) -> None:
         assert sd.generate(ids, 64).tokens == ar.generate(ids, 64).tokens
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_sdpa_training_takes_no_math_path(dtype) -> None:
+    """With a grad to take, masked GQA attention runs a fused kernel (enable_gqa with a mask would leave only
+    the math path: no fused kernel takes both), with enable_gqa's values and gradients."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from specbench.models.decoder import masked_sdpa
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(4, 9, 48, 64, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    k = torch.randn(4, 3, 200, 64, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    v = torch.randn(4, 3, 200, 64, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    mask = torch.rand(4, 1, 48, 200, device="cuda", generator=g) < 0.7
+    mask[..., 0] = True
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = masked_sdpa(q, k, v, mask, 0.125)
+        out.float().square().sum().backward()
+    names = {e.key for e in prof.key_averages()}
+    assert not any("_scaled_dot_product_attention_math" in n for n in names), sorted(n for n in names if "attention" in n)
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True)
+    want.float().square().sum().backward()
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=tol)
+    for got, t in zip(grads, (q, k, v)):
+        torch.testing.assert_close(got.float(), t.grad.float(), rtol=tol, atol=tol)
+
+
 def test_masked_sdpa_eager_backends_agree_with_static_choice_bf16() -> None:
     """Eager masked attention (cuDNN kept off) and PyTorch's own choice (the captured path) agree."""
     from specbench.models.decoder import masked_sdpa

@@ -159,6 +159,25 @@ def test_masked_sdpa_equals_softmax_attention(static_shape: bool) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_expand_gqa_is_what_enable_gqa_reads() -> None:
+    """The repeated K/V heads (what training's masked attention runs on CUDA) give enable_gqa's output:
+    query head h reads K/V head h // 3, not h % 2."""
+    import torch.nn.functional as F
+
+    from specbench.models.decoder import expand_gqa
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(2, 6, 5, 8, generator=g), torch.randn(2, 2, 11, 8, generator=g), torch.randn(2, 2, 11, 8, generator=g)
+    mask = torch.rand(2, 1, 5, 11, generator=g) < 0.6
+    mask[..., 0] = True
+    kr, vr = expand_gqa(k, v, 6)
+    assert kr.shape == (2, 6, 11, 8) and torch.equal(kr[:, 2], k[:, 0]) and torch.equal(vr[:, 3], v[:, 1])
+    got = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask, scale=0.3)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert expand_gqa(k, v, 2) == (k, v)  # no GQA: the tensors themselves
+
+
 def test_fused_level_from_the_environment(monkeypatch) -> None:
     """$SPECBENCH_FUSED_LEVEL picks the CUDA level; a value that names no level fails at once, naming the
     variable, on every device; on the CPU the reference ops stay."""
