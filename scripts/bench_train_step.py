@@ -113,7 +113,6 @@ def build_trainer(args: argparse.Namespace, target: Any, store: Any, autocast: s
 
 def time_variant(args: argparse.Namespace, target: Any, store: Any, autocast: str, batch: int,
                  kl: str = "fused") -> dict[str, Any]:
-    device = target.device
     saved = os.environ.get("SPECBENCH_FUSED_KL")
     os.environ["SPECBENCH_FUSED_KL"] = "0" if kl == "chain" else "1"
     try:

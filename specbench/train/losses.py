@@ -55,10 +55,13 @@ class _FusedForwardKL(torch.autograd.Function):
 
 def fused_kl_applies(student: Tensor, teacher: Tensor) -> bool:
     """The kernel path: CUDA rows [M, V] with unit column stride and a teacher that needs no gradient
-    (SPECBENCH_FUSED_KL=0 turns it off, e.g. to time the two)."""
-    return (student.is_cuda and teacher.is_cuda and student.dim() == 2 and student.shape == teacher.shape
-            and student.stride(1) == 1 and teacher.stride(1) == 1 and not teacher.requires_grad
-            and os.environ.get("SPECBENCH_FUSED_KL", "1") != "0")
+    (SPECBENCH_FUSED_KL=0 turns it off, e.g. to time the two; any value but 0 or 1 is refused)."""
+    setting = os.environ.get("SPECBENCH_FUSED_KL", "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"SPECBENCH_FUSED_KL={setting!r}: set it to 1 (the fused kernels on CUDA) or 0 (the autograd chain)")
+    return (setting == "1" and student.is_cuda and teacher.is_cuda and student.dim() == 2
+            and student.shape == teacher.shape and student.stride(1) == 1 and teacher.stride(1) == 1
+            and not teacher.requires_grad)
 
 
 def forward_kl_rows(student: Tensor, teacher: Tensor, temperature: float = 1.0) -> Tensor:

@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="the kernel tests need Triton (CUDA, or TRITON_INTERPRET=1 on the CPU)")
 
 from specbench.kernels.kl_loss import BLOCK_V, forward_kl_rows, forward_kl_rows_grad  # noqa: E402
 from specbench.kernels.reference import forward_kl_rows_grad_reference, forward_kl_rows_reference  # noqa: E402
-from specbench.train.losses import _FusedForwardKL, forward_kl  # noqa: E402
+from specbench.train.losses import _FusedForwardKL, forward_kl, forward_kl_rows as chain_rows  # noqa: E402
 
 
 def _logits(rows: int, vocab: int, seed: int, scale: float = 4.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(rows, vocab, generator=g) * scale
-
-
-def _chain_rows(student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
-    """The autograd chain the kernels replace (`train.losses.forward_kl_rows` off CUDA)."""
-    log_q = F.log_softmax(student.float() / t, dim=-1)
-    log_p = F.log_softmax(teacher.float() / t, dim=-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
 @pytest.mark.parametrize("rows, vocab, t", [(3, 2 * BLOCK_V + 77, 1.0), (2, 300, 2.0), (4, BLOCK_V, 0.7)])
@@ -75,7 +67,7 @@ def test_autograd_function_matches_the_loss_chain(device) -> None:
     chain.backward()
     torch.testing.assert_close(fused.detach().cpu(), chain.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-7)
-    torch.testing.assert_close(_chain_rows(s, p, t), forward_kl_rows_reference(s, p, t)[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(chain_rows(s, p, t), forward_kl_rows_reference(s, p, t)[0], rtol=1e-5, atol=1e-6)  # CPU: the chain
 
 
 def test_bad_shapes_fail_with_a_message(device) -> None:
@@ -83,3 +75,14 @@ def test_bad_shapes_fail_with_a_message(device) -> None:
         forward_kl_rows(torch.zeros(2, 8, device=device), torch.zeros(2, 9, device=device))
     with pytest.raises(ValueError, match="unit column stride"):
         forward_kl_rows(torch.zeros(8, 2, device=device).T, torch.zeros(2, 8, device=device))
+
+
+def test_fused_kl_setting_is_checked(monkeypatch) -> None:
+    from specbench.train.losses import fused_kl_applies
+
+    x = torch.zeros(2, 8)
+    monkeypatch.setenv("SPECBENCH_FUSED_KL", "off")
+    with pytest.raises(ValueError, match="SPECBENCH_FUSED_KL='off'"):
+        fused_kl_applies(x, x)
+    monkeypatch.setenv("SPECBENCH_FUSED_KL", "1")
+    assert not fused_kl_applies(x, x)  # CPU rows: the chain
