@@ -30,11 +30,11 @@ BLOCK_S = 512
 
 
 @triton.jit
-def _match_lengths(Hist, offs, length, S, tail, K: tl.constexpr, KP: tl.constexpr):
+def _match_lengths(Hist, offs, length, S, tail, K, KP: tl.constexpr):
     """[BLOCK_S] int32: how many of the suffix tokens match backwards from each window end in offs."""
     alive = (offs < S) & (offs < length - 1)
     run = tl.zeros(offs.shape, dtype=tl.int32)
-    for j in tl.static_range(K):
+    for j in range(K):
         want = tl.sum(tl.where(tl.arange(0, KP) == j, tail, 0), 0)  # the suffix's j-th token from its end
         at = offs - j
         tok = tl.load(Hist + at, mask=alive & (at >= 0), other=-1)
@@ -43,10 +43,11 @@ def _match_lengths(Hist, offs, length, S, tail, K: tl.constexpr, KP: tl.constexp
     return run
 
 
-@triton.jit
-def _ngram_trie_kernel(Hist, Len, Root, Tok, Par, Dep, Score, Count, S,
-                       K: tl.constexpr, KP: tl.constexpr, MIN_N: tl.constexpr, M: tl.constexpr, L: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK: tl.constexpr):
+# The drafter's arguments (max_ngram K, min_ngram MIN_N, max_matches M, width L) are runtime values, unspecialized:
+# only their power-of-two tiles are compile-time, so a sweep over the arguments compiles a handful of variants.
+@triton.jit(do_not_specialize=["S", "K", "MIN_N", "M", "L"])
+def _ngram_trie_kernel(Hist, Len, Root, Tok, Par, Dep, Score, Count, S, K, MIN_N, M, L,
+                       KP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK: tl.constexpr):
     length = tl.load(Len)
     kk = tl.arange(0, KP)
     tail = tl.load(Hist + tl.maximum(length - 1 - kk, 0))  # [KP] the suffix, from its end (first K used)
@@ -155,6 +156,7 @@ def ngram_trie(history: Tensor, length: Tensor, root: Tensor, max_ngram: int, mi
     score = torch.empty(n, dtype=torch.float64, device=dev)
     count = torch.empty(1, dtype=torch.long, device=dev)
     _ngram_trie_kernel[(1,)](history, length, root, tok, par, dep, score, count, history.shape[0],
-                             K=max_ngram, KP=max(2, triton.next_power_of_2(max_ngram)), MIN_N=min_ngram, M=m, L=width, BLOCK_M=max(2, triton.next_power_of_2(m)),
-                             BLOCK_L=max(2, triton.next_power_of_2(width)), BLOCK=BLOCK_S, num_warps=4)
+                             max_ngram, min_ngram, m, width, KP=max(2, triton.next_power_of_2(max_ngram)),
+                             BLOCK_M=max(2, triton.next_power_of_2(m)), BLOCK_L=max(2, triton.next_power_of_2(width)),
+                             BLOCK=BLOCK_S, num_warps=4)
     return tok, par, dep, score, count

@@ -53,9 +53,9 @@ def test_drafter_on_the_kernel_drafts_the_host_tree(device: str, tree: str) -> N
 
 
 @pytest.mark.usefixtures("single_thread")
-def test_greedy_sd_on_the_kernel_is_ar() -> None:
-    """fp32 on the CPU (the interpreter): device drafting through the kernel emits the AR tokens and accepts,
-    round by round, what the host path accepts."""
+def test_greedy_sd_on_the_kernel_is_ar(device: str) -> None:
+    """fp32 (on the CPU, the interpreter): device drafting through the kernel emits the AR tokens and accepts,
+    round by round, what the host path accepts. The target sits where the kernel runs."""
     from targets import tiny_target
 
     from specbench.config import SpecConfig
@@ -63,6 +63,7 @@ def test_greedy_sd_on_the_kernel_is_ar() -> None:
     from specbench.engine import SpecDecoder
 
     target = tiny_target(num_layers=2, seed=3)
+    target.model.to(device)
     prompt = [88, 3, 14, 15, 92, 65, 35, 89, 79, 3, 14, 15]
     want = SpecDecoder(target, SpecConfig(), max_seq_len=96).generate(prompt, 20).tokens
     spec = SpecConfig(drafter="ngram", tree="ddtree-vec", budget=6)
