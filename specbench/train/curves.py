@@ -51,7 +51,8 @@ def summarize(rows: list[dict[str, Any]], flat_frac: float = 1 / 3, flat_tol: fl
     of the validation loss over the last `flat_frac` of the tokens (flat when above -flat_tol)."""
     train = [r for r in rows if "kind" not in r]
     vals = [r for r in rows if r.get("kind") == "val"]
-    speeds = [r["tok_s"] for r in train if r.get("tok_s")]
+    speeds = [r["tok_s"] for r in train if r.get("tok_s")]  # sequence tokens (prompt + response) a second
+    resp_speeds = [r["resp_tok_s"] for r in train if r.get("resp_tok_s")]
     out = []
     for label in head_labels(rows):
         mine = [r for r in train if f"{label}/loss" in r]
@@ -89,7 +90,8 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, compact: bo
     train = [r for r in rows if "kind" not in r]
     vals = [r for r in rows if r.get("kind") == "val"]
     snaps = [r for r in rows if r.get("kind") == "snapshot"]
-    speeds = [r["tok_s"] for r in train if r.get("tok_s")]
+    speeds = [r["tok_s"] for r in train if r.get("tok_s")]  # sequence tokens (prompt + response) a second
+    resp_speeds = [r["resp_tok_s"] for r in train if r.get("resp_tok_s")]
     paths = []
     for label in head_labels(rows):
         mine = [r for r in train if f"{label}/loss" in r]
@@ -115,6 +117,9 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, compact: bo
             pts = [(_x(r), r[f"val/{label}/tau{b}"]) for r in mv if f"val/{label}/tau{b}" in r]
             axes[2].plot([a for a, _ in pts], [v for _, v in pts], "o-", color=f"C{i}", label=f"budget {b}")
         axes[2].set_ylabel("validation tau (exact replay)")
+        if not budgets:  # a run with --val-tau-every 0 scores no tau: say so rather than draw empty axes
+            axes[2].text(0.5, 0.5, "no validation tau in this run\n(--val-tau-every 0)", ha="center", va="center",
+                         transform=axes[2].transAxes, color="grey")
         for ax in axes:
             for s in snaps:
                 ax.axvline(s["tokens"], color="grey", linestyle=":", linewidth=0.8)
@@ -122,7 +127,9 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, compact: bo
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
-        speed = f", median {statistics.median(speeds):,.0f} tok/s" if speeds else ""
+        speed = f", median {statistics.median(speeds):,.0f} sequence tok/s" if speeds else ""
+        if resp_speeds:
+            speed += f" ({statistics.median(resp_speeds):,.0f} response)"
         tokens = tokens_label(int(mine[-1].get("tokens", 0))) if mine else "0"
         fig.suptitle(f"{label}: step {mine[-1]['step'] if mine else 0}, {tokens} response tokens{speed}")
         fig.tight_layout()
