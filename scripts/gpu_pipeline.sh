@@ -17,6 +17,9 @@
 #            up becomes TRAIN_AUTOCAST for the train phases after it (TRAIN_CHOICE=0: not; TRAINBENCH_S its timeout)
 #   resume   the same for the run staged in $RUN (scripts/gpu_train_session.sh stage-in), rescheduled at
 #            RATE steps/s (measured by the run that made it) to end by TRAIN_END_S
+#   int4     $RUN/heads rounded to int4 by GPTQ as they ship (specbench head-convert --calibrate, every head at once on
+#            this machine's cores, INT4_THREADS each; ~40 s for the three block heads), into $P/int4 and back as a bundle;
+#            TAU_HEADS_DIR=/root/pipe/int4 then replays the int4 heads
 #   tau      tau by exact replay of $RUN/heads (TAU_HEADS_DIR: other heads, "shipped": the shipped ones;
 #            scripts/tau_table.py: TAU_N items of TAU_DATASETS, default GSM8K and MATH-500, budgets 16/64/256;
 #            TAU_ROWS: a table (.jsonl[.gz]) to resume) until TAU_END_S
@@ -172,6 +175,19 @@ phase_resume() {
   heads=$HEADS sched_extra="${RESUME_EXTRA:-}" train_scheduled $RUN ${TRAIN_END_S:-480} $step0 ${RATE:-3.1}
   report_heads $RUN resume
   log "resume done"; touch $P/train.done
+}
+
+phase_int4() {
+  local I=$P/int4 L=$P/int4-logs h; rm -rf $I $L; mkdir -p $I $L
+  log "int4: GPTQ of $(ls $RUN/heads | tr '\n' ' ')"
+  for h in $(ls $RUN/heads); do
+    timeout ${INT4_S:-900} python3 -m specbench.cli head-convert $RUN/heads/$h $I/$h --storage int4 --calibrate $SPECBENCH_DATA \
+      --threads ${INT4_THREADS:-5} > $L/$h.txt 2>&1 || failed "head-convert $h" $? &
+  done
+  wait
+  tail -n 2 $L/*.txt
+  cp -r $L/. $I/  # the GPTQ errors travel with the heads (tau_table reads only DIR/<drafter>/)
+  bundle pack int4-heads int4 --spool $SPOOL --base $P --chunk-mib 14
 }
 
 phase_tau() {

@@ -459,7 +459,10 @@ def cmd_head_convert(args: argparse.Namespace) -> int:
     tree, _, budget = (args.calibration_tree or "").partition(":")
     if budget and not budget.isdigit():
         raise SystemExit(f"specbench head-convert: --calibration-tree takes POLICY:BUDGET, got {args.calibration_tree!r}")
-    target = load_target(args.target or json.loads((src / CONFIG_FILE).read_text())["target_name"])
+    target_name = args.target or json.loads((src / CONFIG_FILE).read_text()).get("target_name")
+    if not target_name:
+        raise SystemExit(f"specbench head-convert: {str(src / CONFIG_FILE)!r} names no target_name: pass --target")
+    target = load_target(target_name)
     prompts: list[list[int]] = []
     if args.calibrate is not None:
         import torch

@@ -129,6 +129,11 @@ def test_head_convert_writes_int4_that_loads(tmp_path, capsys) -> None:
     DFlashDrafter(load_target("random:tiny-llama"), checkpoint=str(dest))
     with pytest.raises(SystemExit, match="DEST must differ"):
         main(["head-convert", str(src), str(src), "--storage", "int4"])
+    bare = tmp_path / "bare"  # a config that does not say which target the head drafts for
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="names no target_name: pass --target"):
+        main(["head-convert", str(bare), str(tmp_path / "out"), "--storage", "int4"])
 
 
 def test_init_heads_starts_a_fresh_run_from_trained_heads(tmp_path, capsys) -> None:
