@@ -45,7 +45,7 @@ def _match_lengths(Hist, offs, length, S, tail, K, KP: tl.constexpr):
 
 # The drafter's arguments (max_ngram K, min_ngram MIN_N, max_matches M, width L) are runtime values, unspecialized:
 # only their power-of-two tiles are compile-time, so a sweep over the arguments compiles a handful of variants.
-@triton.jit(do_not_specialize=["S", "K", "MIN_N", "M", "L"])
+@triton.jit(do_not_specialize=["K", "MIN_N", "M", "L"])
 def _ngram_trie_kernel(Hist, Len, Root, Tok, Par, Dep, Score, Count, S, K, MIN_N, M, L,
                        KP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK: tl.constexpr):
     length = tl.load(Len)
