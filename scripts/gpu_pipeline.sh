@@ -177,16 +177,15 @@ phase_resume() {
   log "resume done"; touch $P/train.done
 }
 
-phase_int4() {
-  local I=$P/int4 L=$P/int4-logs h; rm -rf $I $L; mkdir -p $I $L
+phase_int4() {  # each head's GPTQ errors in $P/int4/<head>.txt, beside it (tau_table reads only DIR/<drafter>/)
+  local I=$P/int4 h; rm -rf $I; mkdir -p $I
   log "int4: GPTQ of $(ls $RUN/heads | tr '\n' ' ')"
   for h in $(ls $RUN/heads); do
     timeout ${INT4_S:-900} python3 -m specbench.cli head-convert $RUN/heads/$h $I/$h --storage int4 --calibrate $SPECBENCH_DATA \
-      --threads ${INT4_THREADS:-5} > $L/$h.txt 2>&1 || failed "head-convert $h" $? &
+      --threads ${INT4_THREADS:-5} > $I/$h.txt 2>&1 || failed "head-convert $h" $? &
   done
   wait
-  tail -n 2 $L/*.txt
-  cp -r $L/. $I/  # the GPTQ errors travel with the heads (tau_table reads only DIR/<drafter>/)
+  tail -n 2 $I/*.txt
   bundle pack int4-heads int4 --spool $SPOOL --base $P --chunk-mib 14
 }
 

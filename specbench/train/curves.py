@@ -52,7 +52,6 @@ def summarize(rows: list[dict[str, Any]], flat_frac: float = 1 / 3, flat_tol: fl
     train = [r for r in rows if "kind" not in r]
     vals = [r for r in rows if r.get("kind") == "val"]
     speeds = [r["tok_s"] for r in train if r.get("tok_s")]  # sequence tokens (prompt + response) a second
-    resp_speeds = [r["resp_tok_s"] for r in train if r.get("resp_tok_s")]
     out = []
     for label in head_labels(rows):
         mine = [r for r in train if f"{label}/loss" in r]
