@@ -8,6 +8,7 @@ scripts/ablation_table.py). Its rows are this script's own format (docs/measurem
     python scripts/tau_table.py --data ../shared/data --out results/tau_table.jsonl            # run / resume
     python scripts/tau_table.py --out results/tau_table.jsonl --table-only                     # print the table
     python scripts/tau_table.py --out docs/measurements/tau_table_smollm2-135m.jsonl.gz --table-only  # the shipped heads' table
+    python scripts/tau_table.py --out T.jsonl --table-only --compare 'dflash/ddtree - jetspec/ddtree'  # paired
 
 For every prompt (the first --n items of GSM8K test, MATH-500, MBPP test, HumanEval; the 80 MT-Bench
 first turns): the greedy continuation (max_new_tokens, fp32) and one teacher-forced pass are computed
@@ -150,6 +151,37 @@ def print_table(rows: list[dict]) -> None:
           f" | rounds past the reference end: {int(df['ref_exhausted'].sum())}")
 
 
+def paired(rows: list[dict], spec: str) -> list[dict]:
+    """'DRAFTER/TREE - DRAFTER/TREE' -> per budget and dataset (and over all datasets): the mean over the
+    prompts both configurations have of tau(A) - tau(B), its standard error and n. Paired: each prompt is
+    its own control, so a difference far smaller than the spread of tau over prompts still shows."""
+    import math
+
+    parts = [x.strip().split("/") for x in spec.split(" - ")]
+    if len(parts) != 2 or any(len(x) != 2 or not all(x) for x in parts):
+        raise SystemExit(f"--compare: {spec!r} is not 'DRAFTER/TREE - DRAFTER/TREE' "
+                         "(e.g. 'dflash/ddtree - jetspec/ddtree')")
+    (da, ta), (db, tb) = parts
+    tau = {(r["drafter"], r["tree"], r["budget"], r["dataset"], r["id"]): r["tau"] for r in rows}
+    out = []
+    for budget in sorted({r["budget"] for r in rows}):
+        diffs: dict[str, list[float]] = {}
+        for (d, t, b, ds, i), value in tau.items():
+            if (d, t, b) == (da, ta, budget) and (db, tb, budget, ds, i) in tau:
+                diffs.setdefault(ds, []).append(value - tau[(db, tb, budget, ds, i)])
+        if diffs:
+            diffs["all"] = [x for v in diffs.values() for x in v]
+        for ds in sorted(diffs, key=lambda k: (k == "all", k)):
+            v = diffs[ds]
+            n = len(v)
+            mean = sum(v) / n
+            se = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1) / n) if n > 1 else float("nan")
+            out.append({"compare": spec, "budget": budget, "dataset": ds, "mean": mean, "se": se, "n": n})
+    if not out:
+        raise SystemExit(f"--compare: no prompt has both sides of {spec!r} at one budget in these rows")
+    return out
+
+
 def read_rows(path: Path) -> list[dict]:
     """The rows of a JSONL file (gzip-compressed if it ends in .gz), [] if there is none; a last line cut by
     an interrupted run is dropped (it is redone)."""
@@ -254,13 +286,23 @@ def main() -> int:
                    help="exact replay as the device round (graphed on CUDA; a drafter per configuration) or as the "
                         "host walk (one drafter per head, its reference tables shared); auto: device on CUDA")
     p.add_argument("--table-only", action="store_true")
+    p.add_argument("--compare", action="append", default=[], metavar="'DRAFTER/TREE - DRAFTER/TREE'",
+                   help="with --table-only: also print the paired difference in tau per budget and dataset, "
+                        "e.g. 'dflash/ddtree - jetspec/ddtree' (repeatable)")
     args = p.parse_args()
+    if args.compare and not args.table_only:
+        p.error("--compare prints from the rows in --out: add --table-only")
     out = Path(args.out)
     if args.parallel > 1:
         return run_parallel(args, out)
     rows = read_rows(out)
     if args.table_only:
         print_table(rows)
+        for spec in args.compare:
+            print()
+            for d in paired(rows, spec):
+                print(f"{d['compare']:<40} b{d['budget']:<4} {d['dataset']:<10} {d['mean']:+.3f} +- {d['se']:.3f}  "
+                      f"(n {d['n']})")
         return 0
 
     from specbench.bench.replay import build_references, replay, replay_decoder

@@ -86,3 +86,28 @@ def test_device_replay_rows_equal_the_host_walk(tmp_path: Path) -> None:
     for key in a:
         assert (a[key]["tau"], a[key]["rounds"], a[key]["new_tokens"]) == (b[key]["tau"], b[key]["rounds"],
                                                                           b[key]["new_tokens"]), key
+
+
+def test_compare_pairs_prompts_and_rejects_bad_specs(tmp_path: Path) -> None:
+    """--compare: the paired difference is taken over the prompts both sides have (a prompt with one side only
+    is left out), per budget and dataset and over all; a spec without DRAFTER/TREE on both sides fails."""
+    import pytest
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    from tau_table import paired
+
+    def row(d: str, ds: str, i: str, tau: float, budget: int = 16) -> dict:
+        return {"dataset": ds, "id": i, "drafter": d, "tree": "ddtree", "budget": budget, "tau": tau}
+
+    rows = [row("a", "x", "0", 3.0), row("b", "x", "0", 2.0), row("a", "x", "1", 4.0), row("b", "x", "1", 2.0),
+            row("a", "y", "0", 2.5), row("b", "y", "0", 2.5), row("a", "y", "9", 9.0),  # y/9: no b row
+            row("a", "x", "0", 1.0, budget=64)]                                      # b64: no b at all
+    out = {(d["budget"], d["dataset"]): d for d in paired(rows, "a/ddtree - b/ddtree")}
+    assert set(out) == {(16, "x"), (16, "y"), (16, "all")}
+    assert out[(16, "x")]["mean"] == pytest.approx(1.5) and out[(16, "x")]["se"] == pytest.approx(0.5)
+    assert out[(16, "y")]["n"] == 1 and out[(16, "y")]["mean"] == 0.0
+    assert out[(16, "all")]["n"] == 3 and out[(16, "all")]["mean"] == pytest.approx(1.0)
+    with pytest.raises(SystemExit, match="DRAFTER/TREE"):
+        paired(rows, "a - b/ddtree")
+    with pytest.raises(SystemExit, match="no prompt"):
+        paired(rows, "a/chain - b/ddtree")
