@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tau_table import read_rows, run_parallel  # noqa: E402
+from tau_table import mean_se, read_rows, run_parallel  # noqa: E402
 
 ROW_KEY = ("dataset", "id", "head", "setting", "tree", "budget")
 DATASETS = ("gsm8k", "math500", "mbpp", "humaneval", "mt_bench")
@@ -70,8 +70,6 @@ def print_table(rows: list[dict]) -> None:
 def paired(rows: list[dict], spec: str) -> list[dict]:
     """'HEAD SETTING - HEAD SETTING' -> per tree/budget: the mean over the prompts both configurations
     have of tau(A) - tau(B), its standard error and n (paired: each prompt is its own control)."""
-    import math
-
     parts = [x.split() for x in spec.split(" - ")]
     if len(parts) != 2 or any(len(x) != 2 for x in parts):
         raise SystemExit(f"--compare: {spec!r} is not 'HEAD SETTING - HEAD SETTING' (e.g. 'jetspec J1R0 - jetspec J0R0')")
@@ -84,10 +82,8 @@ def paired(rows: list[dict], spec: str) -> list[dict]:
                  if (h, st, t, b) == (ha, sa, tree, budget) and (hb, sb, tree, budget, ds, i) in tau]
         if not diffs:
             continue
-        n = len(diffs)
-        mean = sum(diffs) / n
-        se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
-        out.append({"compare": spec, "tree": f"{tree}/{budget}", "mean": mean, "se": se, "n": n})
+        mean, se = mean_se(diffs)
+        out.append({"compare": spec, "tree": f"{tree}/{budget}", "mean": mean, "se": se, "n": len(diffs)})
     return out
 
 

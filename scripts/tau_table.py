@@ -151,12 +151,19 @@ def print_table(rows: list[dict]) -> None:
           f" | rounds past the reference end: {int(df['ref_exhausted'].sum())}")
 
 
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (nan for one value): the paired comparisons' summary."""
+    import math
+
+    n = len(values)
+    mean = sum(values) / n
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1) / n) if n > 1 else float("nan")
+
+
 def paired(rows: list[dict], spec: str) -> list[dict]:
     """'DRAFTER/TREE - DRAFTER/TREE' -> per budget and dataset (and over all datasets): the mean over the
     prompts both configurations have of tau(A) - tau(B), its standard error and n. Paired: each prompt is
     its own control, so a difference far smaller than the spread of tau over prompts still shows."""
-    import math
-
     parts = [x.strip().split("/") for x in spec.split(" - ")]
     if len(parts) != 2 or any(len(x) != 2 or not all(x) for x in parts):
         raise SystemExit(f"--compare: {spec!r} is not 'DRAFTER/TREE - DRAFTER/TREE' "
@@ -172,11 +179,8 @@ def paired(rows: list[dict], spec: str) -> list[dict]:
         if diffs:
             diffs["all"] = [x for v in diffs.values() for x in v]
         for ds in sorted(diffs, key=lambda k: (k == "all", k)):
-            v = diffs[ds]
-            n = len(v)
-            mean = sum(v) / n
-            se = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1) / n) if n > 1 else float("nan")
-            out.append({"compare": spec, "budget": budget, "dataset": ds, "mean": mean, "se": se, "n": n})
+            mean, se = mean_se(diffs[ds])
+            out.append({"compare": spec, "budget": budget, "dataset": ds, "mean": mean, "se": se, "n": len(diffs[ds])})
     if not out:
         raise SystemExit(f"--compare: no prompt has both sides of {spec!r} at one budget in these rows")
     return out
