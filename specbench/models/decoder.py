@@ -50,6 +50,7 @@ class KVCache:
         # tree attention's merge tickets (zero between its launches, which this cache's forwards issue in
         # stream order): room for 64 row tiles per (row, KV head)
         self.split_counters = torch.zeros(batch * num_kv_heads * 64, dtype=torch.int32, device=device)
+        self._rope: dict[torch.dtype, tuple[Tensor, Tensor]] = {}  # `rope`'s tables, per dtype
 
     @property
     def batch(self) -> int:
@@ -71,7 +72,21 @@ class KVCache:
         out = object.__new__(KVCache)
         out.k, out.v, out.lengths = self.k[:, rows], self.v[:, rows], self.lengths[rows]
         out._host, out.max_seq_len, out.split_counters = None, self.max_seq_len, self.split_counters
+        out._rope = self._rope
         return out
+
+    def rope(self, positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos, sin [B, N, 1, D] of `positions` [B, N] (each < max_seq_len: a position the cache has a slot
+        for), gathered from tables of every slot's `rope_angles`: two gathers where computing them is seven
+        kernels a forward (the values are the same: element-wise ops on the same inputs). A cache serves one
+        model's RoPE (inv_freq); the tables are built on the first call, which the engine makes eagerly (the
+        prefill) before any graph capture, so captured passes read them in place."""
+        tables = self._rope.get(dtype)
+        if tables is None:
+            tables = rope_angles(torch.arange(self.max_seq_len, device=inv_freq.device), inv_freq, dtype)
+            self._rope[dtype] = tables
+        cos, sin = tables  # [S, D]
+        return cos[positions][:, :, None, :], sin[positions][:, :, None, :]
 
     def reset(self) -> None:
         self.lengths.zero_()
@@ -261,6 +276,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return rmsnorm_reference(x, self.weight, self.eps)[0]
+
+
+def rope_angles(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """positions [...] -> cos, sin [..., D] of rotate-half RoPE (inv_freq [D/2]), computed in fp32, cast to dtype."""
+    freqs = positions[..., None].float() * inv_freq  # [..., D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> Tensor:
@@ -524,12 +546,14 @@ class Transformer(nn.Module):
         p = self.embed.weight
         return KVCache(num_layers or cfg.num_layers, batch, cfg.num_kv_heads, max_seq_len, cfg.head_dim, p.dtype, p.device)
 
-    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """positions [B, N] -> cos, sin [B, N, 1, D] in the model dtype (computed in fp32)."""
-        freqs = positions[..., None].float() * self.inv_freq  # [B, N, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
+    def rope(self, positions: Tensor, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
+        """positions [B, N] -> cos, sin [B, N, 1, D] in the model dtype (computed in fp32); cache: gathered
+        from its tables instead (`KVCache.rope`: positions below its max_seq_len; the same values)."""
         dtype = self.embed.weight.dtype
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        if cache is not None:
+            return cache.rope(positions, self.inv_freq, dtype)
+        cos, sin = rope_angles(positions, self.inv_freq, dtype)
+        return cos[:, :, None, :], sin[:, :, None, :]
 
     def forward(
         self,
@@ -545,7 +569,8 @@ class Transformer(nn.Module):
     ) -> ForwardOutput:
         """Run N new tokens per row.
 
-        tokens, positions [B, N]; tree_mask [B, N, N] bool (None = causal among the new tokens);
+        tokens, positions [B, N] (positions below the cache's max_seq_len: RoPE comes from its tables);
+        tree_mask [B, N, N] bool (None = causal among the new tokens);
         taps: layer indices whose outputs to return; logits_rows: None = all rows, "last" = the last
         row only, or an index tensor [N'] of rows; num_layers: run only the first layers (a
         shallow self-draft model; the cache must have that many layers); kv_len: cache slots to read
@@ -562,7 +587,7 @@ class Transformer(nn.Module):
         slots = cache.lengths[:, None] + torch.arange(n, device=tokens.device)  # [B, N]
         meta = AttentionMeta(lengths=cache.lengths, tree_mask=tree_mask, kv_len=kv_len,
                              split_counters=cache.split_counters)
-        cos, sin = self.rope(positions)
+        cos, sin = self.rope(positions, cache)
         x, delta = self.embed(tokens), None  # [B, N, d]: the residual stream is x + delta
         hidden: dict[int, Tensor] = {}
         tap_set = set(taps)

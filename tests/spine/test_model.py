@@ -143,6 +143,25 @@ def test_rope_frequencies_stay_fp32_in_bf16_models() -> None:
     assert float((cos[0, 0, 0, : ref.numel()].double() - ref).abs().max()) < 1e-2  # bf16 output rounding only
 
 
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_from_the_cache_tables_equals_the_computed_angles(dtype: str) -> None:
+    """A forward reads RoPE from its cache's tables (two gathers): the values the angles' formula gives at
+    those positions, and a view of the cache (`rows`) shares the tables."""
+    target = load_target("random:tiny-qwen3@0", dtype=dtype)
+    cache = target.new_cache(300, batch=2)
+    positions = torch.tensor([[0, 1, 7, 299], [5, 5, 128, 2]])
+    for got, want in zip(target.model.rope(positions, cache), target.model.rope(positions)):
+        assert got.shape == want.shape == (2, 4, 1, target.config.head_dim) and got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert cache.rows(slice(1, 2))._rope is cache._rope and len(cache._rope) == 1
+    # the draft head's RoPE (its own dtype) from its cache: the same gathers
+    from specbench.drafters.heads.drafter import random_head
+
+    head = random_head("dflash", "bidirectional", False, target)
+    for got, want in zip(head.rope(positions, target.model, cache), head.rope(positions, target.model)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
 @pytest.mark.parametrize("static_shape", [False, True])
 def test_masked_sdpa_equals_softmax_attention(static_shape: bool) -> None:
     """The masked-attention helper (both backend choices) is plain masked softmax attention with GQA."""

@@ -29,7 +29,7 @@ from specbench.drafters.init import init_draft_params_
 from specbench.drafters.heads.masks import ATTENTION_KINDS
 from specbench.models.config import ModelConfig
 from specbench.models.decoder import (REFERENCE_OPS, AttentionFn, AttentionMeta, DecoderLayer, KVCache, LayerOps, RMSNorm,
-                                     Transformer, masked_sdpa)
+                                     Transformer, masked_sdpa, rope_angles)
 
 
 def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
@@ -117,11 +117,13 @@ class DraftHead(nn.Module):
         target; the target's dtype at inference): every input is cast to it."""
         return self.fc.weight.dtype
 
-    def rope(self, positions: Tensor, target: Transformer) -> tuple[Tensor, Tensor]:
-        """cos, sin [B, N, 1, D] from the target's RoPE frequencies, in the head's dtype."""
-        freqs = positions[..., None].float() * target.inv_freq  # [B, N, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+    def rope(self, positions: Tensor, target: Transformer, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
+        """cos, sin [B, N, 1, D] from the target's RoPE frequencies, in the head's dtype; cache: the draft
+        cache's tables (`KVCache.rope`, the same values in two gathers; positions below its length)."""
+        if cache is not None:
+            return cache.rope(positions, target.inv_freq, self.dtype)
+        cos, sin = rope_angles(positions, target.inv_freq, self.dtype)
+        return cos[:, :, None, :], sin[:, :, None, :]
 
     def fuse(self, features: Tensor, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """features [B, C, m*d] (the taps concatenated in config order) -> c [B, C, d]."""
@@ -153,7 +155,7 @@ class DraftHead(nn.Module):
         (None: = positions; every layer; the target's qkv/RoPE op, fused on CUDA; fused: the fusion's
         norm too). No host read. rope: `self.rope(positions, target)` if the caller has it."""
         c = self.fuse(features.to(self.dtype), target.ops if fused else REFERENCE_OPS)
-        cos, sin = rope if rope is not None else self.rope(positions, target)
+        cos, sin = rope if rope is not None else self.rope(positions, target, cache)
         slots = positions if slots is None else slots
         for i, layer in enumerate(self.layers):
             attn = layer.attn
@@ -172,7 +174,7 @@ class DraftHead(nn.Module):
         target's attention backend and element-wise ops. Returns the final-normed hidden [1, Q, d].
         rope: `self.rope(positions, target)`, slots: the scratch slots [1, Q] (any), if the caller has
         them; attend: another backend for `meta` (e.g. SDPA over a dense mask the caller planned)."""
-        cos, sin = rope if rope is not None else self.rope(positions, target)
+        cos, sin = rope if rope is not None else self.rope(positions, target, cache)
         if slots is None:
             slots = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)
         attend = attend if attend is not None else target.attend

@@ -55,11 +55,12 @@ def write_committed(head: DraftHead, cache: KVCache, features: Tensor, count: Te
                     positions: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> None:
     """Context K/V of features [1, L, m*d] of the next L committed positions, of which the first count [1]
     are real, into `cache` (a KV-injection head's: the draft head's, or a jetspec++ adapter module's):
-    slots len .. len+L-1 (the rest land past the new length, free), then len += count. No host read.
+    slots len .. len+L-1 (the rest land past the new length, free), then len += count. No host read; the
+    target's layer ops throughout (the fusion's norm one kernel on CUDA, as in every other inference pass).
     positions: those slots [1, L] and rope `head.rope(positions)`, if the caller has them."""
     if positions is None:
         positions = cache.lengths[:, None] + torch.arange(features.shape[1], device=features.device)
-    head.write_context(features, positions, cache, model, rope=rope)
+    head.write_context(features, positions, cache, model, rope=rope, fused=True)
     cache.advance_device(count)
 
 
@@ -128,8 +129,9 @@ class HeadDrafter(Drafter):
         return self.cache.host_lengths[0] if self.cache is not None else 0
 
     def _features(self, hidden: dict[int, Tensor], rows: Tensor | slice) -> Tensor:
-        """The tapped states at `rows`, concatenated in tap order: [1, k, m*d]."""
-        return torch.cat([hidden[t][:, rows] for t in self.taps], dim=-1)
+        """The tapped states at `rows`, concatenated in tap order: [1, k, m*d]
+        (concatenated first, then one gather: two kernels, not one a tap and the concatenation)."""
+        return torch.cat([hidden[t] for t in self.taps], dim=-1)[:, rows]
 
     def begin(self, state: DraftState, prefill: ForwardOutput, max_seq_len: int) -> None:
         head, cfg = self.head, self.target.config
@@ -152,13 +154,18 @@ class HeadDrafter(Drafter):
         """Features [1, L, m*d] of the next L committed positions, of which the first count [1] are real
         (`write_committed` into the draft cache; positions, rope: its, if the caller has them)."""
         assert self.cache is not None, "begin() was not called"
+        if positions is None:
+            n = features.shape[1]
+            positions = self.cache.lengths[:, None] + self.table(("arange", n), lambda: torch.arange(n, device=features.device))
+        if rope is None:
+            rope = self.head.rope(positions, self.target.model, self.cache)
         write_committed(self.head, self.cache, features, count, self.target.model, positions, rope)
 
     def observe(self, tree: DraftTree, result: VerifyResult | Acceptance, target_out: ForwardOutput) -> None:
         """The verify pass's accepted nodes (root first) are the next committed positions: write their
         tapped states' context K/V (the path padded to `max_path` rows; no host read)."""
         acc = result if isinstance(result, Acceptance) else Acceptance.from_result(result, tree.num_nodes, self.target.device)
-        rows = acc.path[: self.max_path].clamp(min=0)
+        rows = acc.path[: self.max_path].clamp(min=0)  # padding (-1): the root's states, past the new length
         self.write_context(self._features(target_out.hidden, rows), acc.count)
 
     def block_plan(self, state: DraftState, depth: Tensor, within: Tensor) -> BlockPlan:
@@ -171,7 +178,7 @@ class HeadDrafter(Drafter):
         kv_len = state.cache_len + q if cache.k.device.type == "cpu" else cache.max_seq_len
         positions = (cache.lengths + depth)[None]
         return BlockPlan(AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len), positions,
-                         self.head.rope(positions, self.target.model),
+                         self.head.rope(positions, self.target.model, cache),
                          cache.lengths[:, None] + self.table(("arange", q), lambda: torch.arange(q, device=depth.device)))
 
     def run_block(self, state: DraftState, tokens: Tensor, is_mask: Tensor | None, depth: Tensor, within: Tensor,
