@@ -94,6 +94,7 @@ def build_drafter(name: str, target: Any, draft_vocab: int) -> Any:
 def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iterator[None]:
     """Every CPU/CUDA divergence of the round shadowed by its CUDA path (module docstring)."""
     from specbench.drafters import ngram
+    from specbench.drafters.heads import backbone
     from specbench.kernels import ngram_trie, reference, tree_attention
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
@@ -130,6 +131,10 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         return tree.tokens, tree.parents, tree.depth, tree.scores, count
 
     pairs.append((ngram_trie, "ngram_trie", shadow(trie_reference, ngram_trie.ngram_trie)))
+    def rope_tables(cache: Any, positions: Any) -> bool:  # RoPE gathered from the cache's tables, as on CUDA
+        return cache is not None
+
+    pairs += [(decoder, "uses_rope_tables", rope_tables), (backbone, "uses_rope_tables", rope_tables)]
     if isinstance(policy, ddtree_vec.DDTreeVecPolicy):
         pairs.append((ddtree_vec, "build_top_b", shadow(ddtree_vec.build_top_b, policy._kernel_build)))
     with swapped(pairs), counter.stubbed_launches():

@@ -78,8 +78,10 @@ class KVCache:
     def rope(self, positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin [B, N, 1, D] of `positions` [B, N] (each < max_seq_len: a position the cache has a slot
         for), gathered from tables of every slot's `rope_angles`: two gathers where computing them is seven
-        kernels a forward (the values are the same: element-wise ops on the same inputs). A cache serves one
-        model's RoPE (inv_freq); the tables are built on the first call, which the engine makes eagerly (the
+        kernels a forward. On CUDA the values are bitwise those computed at the positions (element-wise
+        kernels compute each element alike whatever the shape); on the CPU vectorised and scalar cos may
+        differ in the last bit, so the models compute there (`uses_rope_tables`). A cache serves one model's
+        RoPE (inv_freq); the tables are built on the first call, which the engine makes eagerly (the
         prefill) before any graph capture, so captured passes read them in place."""
         tables = self._rope.get(dtype)
         if tables is None:
@@ -283,6 +285,12 @@ def rope_angles(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tupl
     freqs = positions[..., None].float() * inv_freq  # [..., D/2]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def uses_rope_tables(cache: KVCache | None, positions: Tensor) -> bool:
+    """Whether a pass reads RoPE from its cache's tables (`KVCache.rope`): off the CPU, where they are bitwise
+    the computed angles, so every path (a pass given its cache, a stack given computed angles) agrees."""
+    return cache is not None and positions.device.type != "cpu"
 
 
 def rope_inv_freq(cfg: ModelConfig) -> Tensor:
@@ -548,9 +556,11 @@ class Transformer(nn.Module):
 
     def rope(self, positions: Tensor, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
         """positions [B, N] -> cos, sin [B, N, 1, D] in the model dtype (computed in fp32); cache: gathered
-        from its tables instead (`KVCache.rope`: positions below its max_seq_len; the same values)."""
+        from its tables instead where `uses_rope_tables` (`KVCache.rope`: positions below its max_seq_len;
+        the same values)."""
         dtype = self.embed.weight.dtype
-        if cache is not None:
+        if uses_rope_tables(cache, positions):
+            assert cache is not None
             return cache.rope(positions, self.inv_freq, dtype)
         cos, sin = rope_angles(positions, self.inv_freq, dtype)
         return cos[:, :, None, :], sin[:, :, None, :]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specbench.models import load_target
+from specbench.models.decoder import uses_rope_tables
 from specbench.models.loader import native_to_hf
 from specbench.trees.base import DraftTree
 
@@ -144,23 +145,45 @@ def test_rope_frequencies_stay_fp32_in_bf16_models() -> None:
 
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_rope_from_the_cache_tables_equals_the_computed_angles(dtype: str) -> None:
-    """A forward reads RoPE from its cache's tables (two gathers): the values the angles' formula gives at
-    those positions, and a view of the cache (`rows`) shares the tables."""
-    target = load_target("random:tiny-qwen3@0", dtype=dtype)
-    cache = target.new_cache(300, batch=2)
-    positions = torch.tensor([[0, 1, 7, 299], [5, 5, 128, 2]])
-    for got, want in zip(target.model.rope(positions, cache), target.model.rope(positions)):
-        assert got.shape == want.shape == (2, 4, 1, target.config.head_dim) and got.dtype == want.dtype
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-    assert cache.rows(slice(1, 2))._rope is cache._rope and len(cache._rope) == 1
-    # the draft head's RoPE (its own dtype) from its cache: the same gathers
+def _rope_tables_against_the_angles(device: str, dtype: str, exact: bool) -> None:
     from specbench.drafters.heads.drafter import random_head
 
+    target = load_target("random:tiny-qwen3@0", dtype=dtype, device=device)
+    model = target.model
+    cache = target.new_cache(300, batch=2)
+    positions = torch.tensor([[0, 1, 7, 299], [5, 5, 128, 2]], device=device)
     head = random_head("dflash", "bidirectional", False, target)
-    for got, want in zip(head.rope(positions, target.model, cache), head.rope(positions, target.model)):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    pairs = [(cache.rope(positions, model.inv_freq, model.embed.weight.dtype), model.rope(positions)),
+             (cache.rope(positions, model.inv_freq, head.dtype), head.rope(positions, model))]
+    for tables, computed in pairs:
+        for got, want in zip(tables, computed):
+            assert got.shape == want.shape == (2, 4, 1, target.config.head_dim) and got.dtype == want.dtype
+            if exact:
+                assert torch.equal(got, want)
+            else:  # the CPU's vectorised and scalar cos may differ in the last bit
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert cache.rows(slice(1, 2))._rope is cache._rope
+    assert uses_rope_tables(cache, positions) == (device != "cpu") and not uses_rope_tables(None, positions)
+    # where the tables are used, a forward and the head read them
+    assert torch.equal(model.rope(positions, cache)[0], (pairs[0][0] if device != "cpu" else pairs[0][1])[0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_tables_of_the_cache_equal_the_computed_angles(dtype: str) -> None:
+    """A forward on CUDA reads RoPE from its cache's tables (two gathers): the angles' formula at those
+    positions; the CPU computes them (`uses_rope_tables`), and a view of the cache shares the tables."""
+    _rope_tables_against_the_angles("cpu", dtype, exact=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_tables_are_bitwise_the_angles_on_cuda(dtype: str) -> None:
+    """On CUDA the tables are bitwise the computed angles, so passes that read them and passes given
+    computed angles (the jetspec++ tap stack, foresight) agree exactly."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _rope_tables_against_the_angles("cuda", dtype, exact=True)
+
 
 @pytest.mark.parametrize("static_shape", [False, True])
 def test_masked_sdpa_equals_softmax_attention(static_shape: bool) -> None:

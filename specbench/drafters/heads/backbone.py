@@ -29,7 +29,7 @@ from specbench.drafters.init import init_draft_params_
 from specbench.drafters.heads.masks import ATTENTION_KINDS
 from specbench.models.config import ModelConfig
 from specbench.models.decoder import (REFERENCE_OPS, AttentionFn, AttentionMeta, DecoderLayer, KVCache, LayerOps, RMSNorm,
-                                     Transformer, masked_sdpa, rope_angles)
+                                     Transformer, masked_sdpa, rope_angles, uses_rope_tables)
 
 
 def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
@@ -119,8 +119,9 @@ class DraftHead(nn.Module):
 
     def rope(self, positions: Tensor, target: Transformer, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
         """cos, sin [B, N, 1, D] from the target's RoPE frequencies, in the head's dtype; cache: the draft
-        cache's tables (`KVCache.rope`, the same values in two gathers; positions below its length)."""
-        if cache is not None:
+        cache's tables where `uses_rope_tables` (`KVCache.rope`, the same values in two gathers)."""
+        if uses_rope_tables(cache, positions):
+            assert cache is not None
             return cache.rope(positions, target.inv_freq, self.dtype)
         cos, sin = rope_angles(positions, target.inv_freq, self.dtype)
         return cos[:, :, None, :], sin[:, :, None, :]

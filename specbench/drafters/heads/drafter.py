@@ -21,6 +21,7 @@ from specbench.drafters.base import Drafter, DraftState, Weights
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig, default_taps
 from specbench.drafters.heads.checkpoint import HeadCheckpointError, default_head_dir, load_head, train_hint
 from specbench.drafters.heads.masks import block_pattern
+from specbench.kernels.masks import pack_tree_mask
 from specbench.models.decoder import AttentionMeta, ForwardOutput, KVCache, Transformer
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree
@@ -168,16 +169,19 @@ class HeadDrafter(Drafter):
         rows = acc.path[: self.max_path].clamp(min=0)  # padding (-1): the root's states, past the new length
         self.write_context(self._features(target_out.hidden, rows), acc.count)
 
-    def block_plan(self, state: DraftState, depth: Tensor, within: Tensor) -> BlockPlan:
+    def block_plan(self, state: DraftState, depth: Tensor, within: Tensor, bits: Tensor | None = None) -> BlockPlan:
         """What every head pass over block rows at depth [Q] below the anchor (within-block mask [Q, Q])
-        shares: the draft cache's attention plan, the positions, RoPE and scratch slots."""
+        shares: the draft cache's attention plan, the positions, RoPE and scratch slots. bits: the mask
+        packed (`pack_tree_mask(within[None])`) where the caller keeps it (a static pattern), so the
+        tree-attention backend does not pack it every pass."""
         assert self.cache is not None, "begin() was not called"
         cache, q = self.cache, depth.shape[0]
         # On the CPU read only the filled slots (the committed length is the state's); elsewhere the
         # whole cache, so the pass has one shape for every context length (capturable).
         kv_len = state.cache_len + q if cache.k.device.type == "cpu" else cache.max_seq_len
         positions = (cache.lengths + depth)[None]
-        return BlockPlan(AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len), positions,
+        return BlockPlan(AttentionMeta(lengths=cache.lengths, tree_mask=within[None], kv_len=kv_len, tree_bits=bits),
+                         positions,
                          self.head.rope(positions, self.target.model, cache),
                          cache.lengths[:, None] + self.table(("arange", q), lambda: torch.arange(q, device=depth.device)))
 
@@ -204,6 +208,8 @@ class HeadDrafter(Drafter):
         tokens = state.anchor_on(dev).expand(b)
         offsets = self.table(("offsets", b), lambda: torch.arange(b, device=dev))
         is_mask = self.table(("MASK rows", b), lambda: offsets > 0)
-        within = plan.meta.tree_mask[0] if plan is not None else \
-            self.table(("block pattern", b, self.attention), lambda: block_pattern(b, self.attention, dev))
-        return self.run_block(state, tokens, is_mask, offsets, within, plan)[1:]
+        if plan is None:  # the head's block pattern and its packed bits: kept, read by every round
+            within = self.table(("block pattern", b, self.attention), lambda: block_pattern(b, self.attention, dev))
+            bits = self.table(("block bits", b, self.attention), lambda: pack_tree_mask(within[None]))
+            plan = self.block_plan(state, offsets, within, bits)
+        return self.run_block(state, tokens, is_mask, offsets, plan.meta.tree_mask[0], plan)[1:]
