@@ -229,6 +229,11 @@ phase_ablate() {
   tail -4 $A/probe.txt
   heads="${ABL_HEADS:-dflash} $grid" sched_extra="${ABL_ARGS:-}" train_scheduled $RA ${ABL_TRAIN_END_S:-780} ${PROBE_STEPS:-40} $(probe_rate $RA)
   python3 -m specbench.cli train-report "$RA" --plots $A/plots > $A/train_report.txt 2>&1; cat $A/train_report.txt
+  # the training's report, curves and log go back before the replay starts: a machine lost during the
+  # replay (as on 2026-12-06) still returns them
+  mkdir -p $P/ablation-train && cp -r $A/plots $A/train_report.txt $P/ablation-train/ 2>/dev/null
+  gzip -c $RA/train_log.jsonl > $P/ablation-train/train_log.jsonl.gz
+  bundle pack ablation-train ablation-train --spool $SPOOL --base $P
   if [ "${ABL_TABLE:-ablation}" = jpp ]; then  # every head of the run through jetspec++'s grid (Tables 4, 13-15)
     local hs="" h
     for h in $(ls $RA/heads); do hs="$hs --head $h=$RA/heads/$h"; done
