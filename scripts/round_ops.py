@@ -94,7 +94,6 @@ def build_drafter(name: str, target: Any, draft_vocab: int) -> Any:
 def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iterator[None]:
     """Every CPU/CUDA divergence of the round shadowed by its CUDA path (module docstring)."""
     from specbench.drafters import ngram
-    from specbench.drafters.heads import backbone
     from specbench.kernels import ngram_trie, reference, tree_attention
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
@@ -134,7 +133,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
     def rope_tables(cache: Any, positions: Any) -> bool:  # RoPE gathered from the cache's tables, as on CUDA
         return cache is not None
 
-    pairs += [(decoder, "uses_rope_tables", rope_tables), (backbone, "uses_rope_tables", rope_tables)]
+    pairs.append((decoder, "uses_rope_tables", rope_tables))  # read by `decoder.rope_cos_sin`, every pass's RoPE
     if isinstance(policy, ddtree_vec.DDTreeVecPolicy):
         pairs.append((ddtree_vec, "build_top_b", shadow(ddtree_vec.build_top_b, policy._kernel_build)))
     with swapped(pairs), counter.stubbed_launches():

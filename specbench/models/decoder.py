@@ -293,6 +293,16 @@ def uses_rope_tables(cache: KVCache | None, positions: Tensor) -> bool:
     return cache is not None and positions.device.type != "cpu"
 
 
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype,
+                 cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
+    """positions [B, N] -> cos, sin [B, N, 1, D] in dtype: from the cache's tables where `uses_rope_tables`,
+    else computed (`rope_angles`). What the target's and the draft heads' passes share."""
+    if cache is not None and uses_rope_tables(cache, positions):
+        return cache.rope(positions, inv_freq, dtype)
+    cos, sin = rope_angles(positions, inv_freq, dtype)
+    return cos[:, :, None, :], sin[:, :, None, :]
+
+
 def rope_inv_freq(cfg: ModelConfig) -> Tensor:
     """Inverse frequencies [D/2] for the config's RoPE type (default, linear, llama3)."""
     d = cfg.head_dim
@@ -558,12 +568,7 @@ class Transformer(nn.Module):
         """positions [B, N] -> cos, sin [B, N, 1, D] in the model dtype (computed in fp32); cache: gathered
         from its tables instead where `uses_rope_tables` (`KVCache.rope`: positions below its max_seq_len;
         the same values)."""
-        dtype = self.embed.weight.dtype
-        if uses_rope_tables(cache, positions):
-            assert cache is not None
-            return cache.rope(positions, self.inv_freq, dtype)
-        cos, sin = rope_angles(positions, self.inv_freq, dtype)
-        return cos[:, :, None, :], sin[:, :, None, :]
+        return rope_cos_sin(positions, self.inv_freq, self.embed.weight.dtype, cache)
 
     def forward(
         self,

@@ -29,7 +29,7 @@ from specbench.drafters.init import init_draft_params_
 from specbench.drafters.heads.masks import ATTENTION_KINDS
 from specbench.models.config import ModelConfig
 from specbench.models.decoder import (REFERENCE_OPS, AttentionFn, AttentionMeta, DecoderLayer, KVCache, LayerOps, RMSNorm,
-                                     Transformer, masked_sdpa, rope_angles, uses_rope_tables)
+                                     Transformer, masked_sdpa, rope_cos_sin)
 
 
 def default_taps(num_target_layers: int, count: int) -> tuple[int, ...]:
@@ -120,11 +120,7 @@ class DraftHead(nn.Module):
     def rope(self, positions: Tensor, target: Transformer, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
         """cos, sin [B, N, 1, D] from the target's RoPE frequencies, in the head's dtype; cache: the draft
         cache's tables where `uses_rope_tables` (`KVCache.rope`, the same values in two gathers)."""
-        if uses_rope_tables(cache, positions):
-            assert cache is not None
-            return cache.rope(positions, target.inv_freq, self.dtype)
-        cos, sin = rope_angles(positions, target.inv_freq, self.dtype)
-        return cos[:, :, None, :], sin[:, :, None, :]
+        return rope_cos_sin(positions, target.inv_freq, self.dtype, cache)
 
     def fuse(self, features: Tensor, ops: LayerOps = REFERENCE_OPS) -> Tensor:
         """features [B, C, m*d] (the taps concatenated in config order) -> c [B, C, d]."""
