@@ -130,10 +130,6 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         return tree.tokens, tree.parents, tree.depth, tree.scores, count
 
     pairs.append((ngram_trie, "ngram_trie", shadow(trie_reference, ngram_trie.ngram_trie)))
-    def rope_tables(cache: Any, positions: Any) -> bool:  # RoPE gathered from the cache's tables, as on CUDA
-        return cache is not None
-
-    pairs.append((decoder, "uses_rope_tables", rope_tables))  # read by `decoder.rope_cos_sin`, every pass's RoPE
     if isinstance(policy, ddtree_vec.DDTreeVecPolicy):
         pairs.append((ddtree_vec, "build_top_b", shadow(ddtree_vec.build_top_b, policy._kernel_build)))
     with swapped(pairs), counter.stubbed_launches():

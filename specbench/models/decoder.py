@@ -78,11 +78,11 @@ class KVCache:
     def rope(self, positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin [B, N, 1, D] of `positions` [B, N] (each < max_seq_len: a position the cache has a slot
         for), gathered from tables of every slot's `rope_angles`: two gathers where computing them is seven
-        kernels a forward. On CUDA the values are bitwise those computed at the positions (element-wise
-        kernels compute each element alike whatever the shape); on the CPU vectorised and scalar cos may
-        differ in the last bit, so the models compute there (`uses_rope_tables`). A cache serves one model's
-        RoPE (inv_freq); the tables are built on the first call, which the engine makes eagerly (the
-        prefill) before any graph capture, so captured passes read them in place."""
+        kernels a forward, bitwise the values computed at the positions (element-wise ops compute each element
+        alike whatever the shape: tested on the CPU and CUDA), so a pass given computed angles (the jetspec++
+        tap stack) agrees exactly with one reading its cache. A cache serves one model's RoPE (inv_freq); the
+        tables are built on the first call, which the engine makes eagerly (the prefill) before any graph
+        capture, so captured passes read them in place."""
         tables = self._rope.get(dtype)
         if tables is None:
             tables = rope_angles(torch.arange(self.max_seq_len, device=inv_freq.device), inv_freq, dtype)
@@ -287,17 +287,12 @@ def rope_angles(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tupl
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def uses_rope_tables(cache: KVCache | None, positions: Tensor) -> bool:
-    """Whether a pass reads RoPE from its cache's tables (`KVCache.rope`): off the CPU, where they are bitwise
-    the computed angles, so every path (a pass given its cache, a stack given computed angles) agrees."""
-    return cache is not None and positions.device.type != "cpu"
-
-
 def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype,
                  cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
-    """positions [B, N] -> cos, sin [B, N, 1, D] in dtype: from the cache's tables where `uses_rope_tables`,
-    else computed (`rope_angles`). What the target's and the draft heads' passes share."""
-    if cache is not None and uses_rope_tables(cache, positions):
+    """positions [B, N] -> cos, sin [B, N, 1, D] in dtype: gathered from the cache's tables (`KVCache.rope`)
+    when a pass has its cache, else computed (`rope_angles`); the same values either way. What the
+    target's and the draft heads' passes share."""
+    if cache is not None:
         return cache.rope(positions, inv_freq, dtype)
     cos, sin = rope_angles(positions, inv_freq, dtype)
     return cos[:, :, None, :], sin[:, :, None, :]
@@ -566,8 +561,7 @@ class Transformer(nn.Module):
 
     def rope(self, positions: Tensor, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
         """positions [B, N] -> cos, sin [B, N, 1, D] in the model dtype (computed in fp32); cache: gathered
-        from its tables instead where `uses_rope_tables` (`KVCache.rope`: positions below its max_seq_len;
-        the same values)."""
+        from its tables instead (`KVCache.rope`: positions below its max_seq_len; the same values)."""
         return rope_cos_sin(positions, self.inv_freq, self.embed.weight.dtype, cache)
 
     def forward(

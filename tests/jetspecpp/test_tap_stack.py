@@ -33,9 +33,8 @@ def _randomized(target, taps, layers):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_the_stack_equals_each_taps_module(preset: str, single_thread: None) -> None:
-    # one intra-op thread: with two, the CPU's parallel kernels split the stack's batched work and a tap's
-    # own differently and the last bits differ (seen on 2 cores, back to 7b1cd61, when this file runs alone;
-    # the full run passed with torch at one thread by then)
+    # one intra-op thread: with two the last bits differ (seen on 2 cores, back to 7b1cd61, when this file runs
+    # alone; the full run passed with torch at one thread by then)
     target = load_target(f"random:{preset}")
     cfg, model, taps, slots = target.config, target.model, (0, 1), 32
     adapter = _randomized(target, taps, 2)

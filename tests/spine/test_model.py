@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specbench.models import load_target
-from specbench.models.decoder import uses_rope_tables
+from specbench.models.decoder import rope_cos_sin
 from specbench.models.loader import native_to_hf
 from specbench.trees.base import DraftTree
 
@@ -145,44 +145,44 @@ def test_rope_frequencies_stay_fp32_in_bf16_models() -> None:
 
 
 
-def _rope_tables_against_the_angles(device: str, dtype: str, exact: bool) -> None:
+def _rope_tables_against_the_angles(device: str, dtype: str) -> None:
+    """The cache's tables gathered at positions are bitwise the angles computed there, for the target's dtype
+    and the draft head's, whatever the window's length; a view of the cache shares the tables, and a pass
+    given its cache reads them."""
     from specbench.drafters.heads.drafter import random_head
 
     target = load_target("random:tiny-qwen3@0", dtype=dtype, device=device)
     model = target.model
     cache = target.new_cache(300, batch=2)
-    positions = torch.tensor([[0, 1, 7, 299], [5, 5, 128, 2]], device=device)
     head = random_head("dflash", "bidirectional", False, target)
-    pairs = [(cache.rope(positions, model.inv_freq, model.embed.weight.dtype), model.rope(positions)),
-             (cache.rope(positions, model.inv_freq, head.dtype), head.rope(positions, model))]
-    for tables, computed in pairs:
-        for got, want in zip(tables, computed):
-            assert got.shape == want.shape == (2, 4, 1, target.config.head_dim) and got.dtype == want.dtype
-            if exact:
-                assert torch.equal(got, want)
-            else:  # the CPU's vectorised and scalar cos may differ in the last bit
-                torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    windows = [torch.tensor([[0, 1, 7, 299], [5, 5, 128, 2]], device=device)]
+    windows += [torch.arange(s, s + n, device=device)[None] for n in (1, 17, 65) for s in (0, 100, 300 - n)]
+    for positions in windows:
+        for want_dtype in (model.embed.weight.dtype, head.dtype):
+            got = cache.rope(positions, model.inv_freq, want_dtype)
+            want = rope_cos_sin(positions, model.inv_freq, want_dtype)  # computed (no cache)
+            for g, w in zip(got, want):
+                assert g.shape == w.shape == (*positions.shape, 1, target.config.head_dim) and g.dtype == w.dtype
+                assert torch.equal(g, w)
+        assert torch.equal(model.rope(positions, cache)[0], cache.rope(positions, model.inv_freq, model.embed.weight.dtype)[0])
+        assert torch.equal(head.rope(positions, model, cache)[1], cache.rope(positions, model.inv_freq, head.dtype)[1])
     assert cache.rows(slice(1, 2))._rope is cache._rope
-    assert uses_rope_tables(cache, positions) == (device != "cpu") and not uses_rope_tables(None, positions)
-    # where the tables are used, a forward and the head read them
-    assert torch.equal(model.rope(positions, cache)[0], (pairs[0][0] if device != "cpu" else pairs[0][1])[0])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_rope_tables_of_the_cache_equal_the_computed_angles(dtype: str) -> None:
-    """A forward on CUDA reads RoPE from its cache's tables (two gathers): the angles' formula at those
-    positions; the CPU computes them (`uses_rope_tables`), and a view of the cache shares the tables."""
-    _rope_tables_against_the_angles("cpu", dtype, exact=False)
+    """A forward reads RoPE from its cache's tables (two gathers): bitwise the angles' formula at those
+    positions, so passes given computed angles (the jetspec++ tap stack, foresight) agree exactly."""
+    _rope_tables_against_the_angles("cpu", dtype)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_rope_tables_are_bitwise_the_angles_on_cuda(dtype: str) -> None:
-    """On CUDA the tables are bitwise the computed angles, so passes that read them and passes given
-    computed angles (the jetspec++ tap stack, foresight) agree exactly."""
+    """The same on CUDA, where the graphed rounds read the tables."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    _rope_tables_against_the_angles("cuda", dtype, exact=True)
+    _rope_tables_against_the_angles("cuda", dtype)
 
 
 @pytest.mark.parametrize("static_shape", [False, True])

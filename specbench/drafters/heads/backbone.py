@@ -119,7 +119,7 @@ class DraftHead(nn.Module):
 
     def rope(self, positions: Tensor, target: Transformer, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
         """cos, sin [B, N, 1, D] from the target's RoPE frequencies, in the head's dtype; cache: the draft
-        cache's tables where `uses_rope_tables` (`KVCache.rope`, the same values in two gathers)."""
+        cache's tables (`KVCache.rope`, the same values in two gathers)."""
         return rope_cos_sin(positions, target.inv_freq, self.dtype, cache)
 
     def fuse(self, features: Tensor, ops: LayerOps = REFERENCE_OPS) -> Tensor:
