@@ -29,7 +29,8 @@
 #   jpptau   jetspec++'s refinement grid (scripts/jetspecpp_tau.py, --parallel JPP_PARALLEL or TAU_PARALLEL: JPP_SETTINGS x chain:16,
 #            ddtree:64, JPP_N items of the five benchmarks; JPP_ROWS: a grid to resume) until JPP_END_S
 #   ablate   a fresh run of ABL_HEADS with one more head per value of ABL_GRID (from scratch, so the heads
-#            compare at equal tokens) until ABL_TRAIN_END_S, then scripts/ablation_table.py until ABL_END_S;
+#            compare at equal tokens) until ABL_TRAIN_END_S (its curves, log and int8 heads go back first, as
+#            bundles of their own), then scripts/ablation_table.py until ABL_END_S;
 #            ABL_ARGS adds train flags, e.g. labelled heads of one objective with their own losses:
 #            ABL_HEADS=jetspec,sft=jetspec,rkl=jetspec ABL_GRID=" " ABL_ARGS='--head-arg sft:losses={"ce":1}
 #            --head-arg rkl:losses={"rkl":1}' (Table 14; JSON, no spaces: the words are split), or
@@ -234,6 +235,8 @@ phase_ablate() {
   mkdir -p $P/ablation-train && cp -r $A/plots $A/train_report.txt $P/ablation-train/ 2>/dev/null
   gzip -c $RA/train_log.jsonl > $P/ablation-train/train_log.jsonl.gz
   bundle pack ablation-train ablation-train --spool $SPOOL --base $P
+  # and the heads (int8, ~53 MB for five): a lost replay is then redone on any CPU (scripts/jetspecpp_tau.py)
+  bundle pack ablation-heads heads --spool $SPOOL --base $RA --chunk-mib 14
   if [ "${ABL_TABLE:-ablation}" = jpp ]; then  # every head of the run through jetspec++'s grid (Tables 4, 13-15)
     local hs="" h
     for h in $(ls $RA/heads); do hs="$hs --head $h=$RA/heads/$h"; done
@@ -255,7 +258,6 @@ phase_ablate() {
   fi
   gzip -c $RA/train_log.jsonl > $A/train_log.jsonl.gz
   bundle pack ablation ablation --spool $SPOOL --base $P
-  bundle pack ablation-heads heads --spool $SPOOL --base $RA --chunk-mib 14  # collected only if wanted (large)
 }
 
 phase_kernels() {
