@@ -132,6 +132,23 @@ def test_rescore_tree_scores_and_extension() -> None:
     assert all(s[v] <= s[parents[v]] + 1e-12 for v in range(1, out.num_nodes))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_rescore_tree_offers_each_nodes_best_fresh_tokens(seed: int) -> None:
+    """The new leaves of node u are its `extend` best tokens, equal values by lower id, skipping u's children;
+    a child of the root carrying the root's own token is masked like any other (the root's write is spare)."""
+    g = torch.Generator().manual_seed(seed)
+    tree = DraftTree.from_paths(3, [[3, 1], [3, 2], [5], [1, 3, 3]])  # the root's child 3 repeats its token
+    logp = (torch.randn(tree.num_nodes, 9, generator=g) * 2).round() / 2  # coarse: equal values across ranks
+    extend = 3
+    out = rescore_tree(tree, logp, extend, max_depth=6)
+    tokens, parents, _ = out.host
+    n = tree.num_nodes
+    for u in range(n):
+        children = {tokens[c] for c in range(1, n) if parents[c] == u}
+        ranked = sorted(range(9), key=lambda t: (-float(logp[u, t]), t))
+        assert tokens[n + u * extend: n + (u + 1) * extend] == [t for t in ranked if t not in children][:extend]
+
+
 def test_mismatched_heads_are_refused(tiny) -> None:
     with pytest.raises(ValueError, match="bidirectional"):
         JetSpecDrafter(tiny, head=random_head(tiny, "dflash"))

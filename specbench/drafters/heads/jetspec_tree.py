@@ -43,15 +43,12 @@ def rescore_tree(candidates: DraftTree, node_logp: Tensor, extend: int, max_dept
     scores = mask.double() @ contrib  # [N]: path sums
     new = [tokens, parents, depth, scores]
     if extend > 0:
-        width = min(extend + n - 1, node_logp.shape[-1])  # a node has at most n - 1 children
-        top_lp, top_tok = ranked_topk(node_logp, width)  # [N, W]
-        is_child = ((parents[None, None, :] == ids[:, None, None]) &
-                    (tokens[None, None, :] == top_tok[:, :, None])).any(-1)  # [N, W]
-        fresh = ~is_child
-        chosen = (fresh.cumsum(1) <= extend) & fresh  # the first `extend` fresh ranks of each node
-        order = torch.sort(chosen.to(torch.uint8), dim=1, descending=True, stable=True).indices[:, :extend]  # [N, e]
-        ext_tok = top_tok.gather(1, order)
-        ext_lp = top_lp.gather(1, order).double()
+        # a node's existing children are masked out of its row (-inf), so its `extend` best fresh tokens are a
+        # top-`extend` of the row; the root's write goes to a spare last row, keeping every write the same -inf
+        spare = torch.cat([node_logp, node_logp[:1]])  # [N + 1, V]
+        spare[torch.where(parents >= 0, parents, n), tokens] = float("-inf")
+        ext_lp, ext_tok = ranked_topk(spare[:n], extend)  # [N, e]
+        ext_lp = ext_lp.double()
         ext_scores = torch.where((depth < max_depth)[:, None], scores[:, None] + ext_lp, float("-inf"))
         new = [torch.cat([tokens, ext_tok.flatten()]), torch.cat([parents, ids.repeat_interleave(extend)]),
                torch.cat([depth, (depth + 1).repeat_interleave(extend)]), torch.cat([scores, ext_scores.flatten()])]
