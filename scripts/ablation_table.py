@@ -4,11 +4,13 @@
     python scripts/ablation_table.py --run RUN --data ../shared/data --out RUN/ablation [--n 30] [--device cuda --dtype bfloat16]
     python scripts/ablation_table.py --run RUN --out RUN/ablation --table-only
 
-1. tau by exact replay (scripts/tau_table.py --heads, T = 0, fp32) of every head in RUN/heads on --datasets,
-   parallel heads under ddtree, eagle3 under eagle2: OUT/tau.jsonl (resumable).
-2. cost in the real decode loop on this device: per (head, budget), `--cost-prompts` GSM8K prompts decoded
+1. cost in the real decode loop on this device: per (head, budget), `--cost-prompts` GSM8K prompts decoded
    greedily for --cost-tokens tokens after a warm-up; mean time per round (decode time / rounds) and its
-   draft stage; AR decoding of the same prompts gives the time per AR step: OUT/cost.json.
+   draft stage; AR decoding of the same prompts gives the time per AR step: OUT/cost.json. It comes first
+   because only the device it is for can measure it; a cut-off tau replay can be finished anywhere.
+2. tau by exact replay (scripts/tau_table.py --heads, T = 0, fp32) of every head in RUN/heads on --datasets,
+   parallel heads under ddtree, eagle3 under eagle2, in what is left of --minutes: OUT/tau.jsonl (resumable;
+   `--device cpu --no-cost` on another machine finishes it and keeps OUT/cost.json).
 3. the table: tau (mean over prompts and datasets), draft and round ms, and the projected speed-up
    tau * t_AR / t_round = tau per unit of round cost, which is what a researcher sees; heads sorted by it
    per budget. Cost does not depend on the weights, only on the head's shape and the budget, so measure
@@ -141,6 +143,7 @@ def main() -> int:
     p.add_argument("--cost-prompts", type=int, default=2)
     p.add_argument("--cost-tokens", type=int, default=128)
     p.add_argument("--no-cost", action="store_true")
+    p.add_argument("--minutes", type=float, default=None, help="time for cost and tau together (tau stops between prompts)")
     p.add_argument("--table-only", action="store_true")
     args, passthrough = p.parse_known_args()
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
@@ -148,15 +151,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     heads = head_dirs(run)
     budgets = [int(b) for b in args.budgets.split(",")]
-    code = 0
+    code, start = 0, time.monotonic()
     if not args.table_only:
+        if not args.no_cost:
+            measure_cost(args, heads, budgets, out / "cost.json")
+        minutes = [] if args.minutes is None else \
+            ["--minutes", f"{max(0.5, args.minutes - (time.monotonic() - start) / 60):.2f}"]
         cmd = [sys.executable, str(SCRIPTS / "tau_table.py"), "--out", str(out / "tau.jsonl"), "--target", args.target,
                "--heads", ",".join(f"{k}={v}" for k, v in heads.items()), "--datasets", args.datasets, "--n", str(args.n),
                "--budgets", args.budgets, "--trees", "ddtree,eagle2", "--device", args.device,
-               *(["--data", args.data] if args.data else []), *passthrough]
+               *(["--data", args.data] if args.data else []), *minutes, *passthrough]
         code = subprocess.run(cmd).returncode
-        if not args.no_cost:
-            measure_cost(args, heads, budgets, out / "cost.json")
     cost_path = out / "cost.json"
     cost = json.loads(cost_path.read_text()) if cost_path.is_file() else {}
     print(table(read_rows(out / "tau.jsonl"), cost, heads))
