@@ -237,6 +237,7 @@ phase_ablate() {
   bundle pack ablation-train ablation-train --spool $SPOOL --base $P
   # and the heads (int8, ~53 MB for five): a lost replay is then redone on any CPU (scripts/jetspecpp_tau.py)
   bundle pack ablation-heads heads --spool $SPOOL --base $RA --chunk-mib 14
+  touch $P/ablate-train.done  # `collect SECONDS ablate-train` returns with them
   if [ "${ABL_TABLE:-ablation}" = jpp ]; then  # every head of the run through jetspec++'s grid (Tables 4, 13-15)
     local hs="" h
     for h in $(ls $RA/heads); do hs="$hs --head $h=$RA/heads/$h"; done
@@ -473,7 +474,7 @@ case "$step" in
     OUT=$ROOT/out-corpus; mkdir -p $OUT; export OUT  # the corpus step's own send goes here, then to the spool
     run_pipeline
     ;;
-  collect)  # collect SECONDS [MARKER: corpus | train | all]
+  collect)  # collect SECONDS [MARKER: corpus | train | ablate-train | all]
     end=$(( $(now) + ${2:-540} )); mark=$P/${3:-all}.done; [ "${3:-all}" = all ] && mark=$P/done
     while [ $(now) -lt $end ] && [ ! -f $mark ] && [ ! -f $P/done ]; do sleep 3; done
     [ -d $ROOT/out-corpus ] && for f in $ROOT/out-corpus/*; do [ -f "$f" ] && mv "$f" "$OUT/"; done
