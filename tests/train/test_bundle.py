@@ -35,7 +35,7 @@ def test_parts_travel_and_reassemble(tmp_path: Path) -> None:
     assert first.returncode == 3 and not (dest / "run").exists()
     part = next(out2.glob("*.part*"))
     good = part.read_bytes()
-    part.write_bytes(b"x" + good[1:])
+    part.write_bytes(bytes([good[0] ^ 0xFF]) + good[1:])  # a byte that surely differs
     assert bundle("unpack", str(out2), "--to", str(dest), cwd=tmp_path).returncode == 3  # corrupt: nothing
     assert not (dest / "run").exists()
     part.write_bytes(good)
