@@ -132,3 +132,39 @@ def test_replay_rounds_read_nothing_back_and_match_the_host_walk(tiny, drafter, 
         assert got.accepted == want.accepted and got.output == want.output == ar.generate(prompt, 24).tokens
         assert got.ref_exhausted == want.ref_exhausted
     assert on_device.captured == () or all(k.startswith("replay:") for k in on_device.captured)
+
+
+@pytest.fixture(scope="module")
+def smollm2_shape_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    return load_target("random:smollm2-135m-shape@0", device="cuda", dtype="float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("drafter, tree, budget", CASES, ids=[f"{d}/{t}/{b}" for d, t, b in CASES])
+def test_cuda_graphs_replay_the_eager_round(smollm2_shape_cuda, drafter, tree, budget) -> None:
+    """The same configurations captured in CUDA graphs: the eager round's trees and AR's tokens, twice
+    per prompt (the second replays the first's graphs), then with lookahead. Random weights of
+    SmolLM2's shapes, so it needs no staged model."""
+    target = smollm2_shape_cuda
+    spec = SpecConfig(drafter=drafter and drafter.partition(":")[0], tree=tree, budget=budget)
+    ar = SpecDecoder(target, SpecConfig(), max_seq_len=128)
+    graphed = SpecDecoder(target, spec, max_seq_len=128, drafter=_drafter(target, drafter))
+    eager = SpecDecoder(target, spec, max_seq_len=128, drafter=_drafter(target, drafter), cuda_graphs=False)
+    assert graphed.cuda_graphs and graphed.device_drafting and not eager.cuda_graphs
+
+    def rounds(decoder, prompt):
+        seen = []
+        out = decoder.generate(prompt, 32, on_round=lambda n, t, r: seen.append((t.tokens.tolist(), t.parents.tolist())))
+        return out.tokens, seen
+
+    for prompt in PROMPTS:
+        want = ar.generate(prompt, 32).tokens
+        for _ in range(2):
+            g_tokens, g_trees = rounds(graphed, prompt)
+            e_tokens, e_trees = rounds(eager, prompt)
+            assert g_trees == e_trees, "the graphed round drafted other trees than the eager one"
+            assert g_tokens == e_tokens == want
+        assert graphed.generate(prompt, 32).tokens == want
+    assert graphed.captured, "the round was never captured"
