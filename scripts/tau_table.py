@@ -21,6 +21,8 @@ Heads load from specbench/heads/<drafter>-<target>/ (or --heads-dir DIR/<drafter
 a head is skipped with a message. `--heads LABEL=DIR,...` replaces them with any trained head directories
 (snapshots, ablation heads): each is replayed under its drafter's trees (from its config.json) and its rows
 carry LABEL as `drafter` (and the drafter's name as `kind`); ngram and self are added with --baselines.
+`--drafter-arg LABEL:KEY=VALUE` builds one label's drafter with an argument, e.g. a shipped head under a
+second label with shorter blocks (block_size=8: what a block-8 head's depth cap costs, on the same head).
 """
 
 from __future__ import annotations
@@ -48,6 +50,22 @@ def parse_heads(text: str | None) -> dict[str, Path]:
         if not sep or not label.strip():
             raise SystemExit(f"tau_table: --heads takes LABEL=DIR entries, got {item!r}")
         out[label.strip()] = Path(directory.strip())
+    return out
+
+
+def parse_drafter_args(items: Sequence[str]) -> dict[str, dict[str, object]]:
+    """["dflash-b8:block_size=8", ...] -> {label: {key: value}} (values JSON where they parse, else strings)."""
+    out: dict[str, dict[str, object]] = {}
+    for item in items:
+        label, sep, setting = item.partition(":")
+        key, eq, raw = setting.partition("=")
+        if not sep or not eq or not label.strip() or not key.strip():
+            raise SystemExit(f"tau_table: --drafter-arg takes LABEL:KEY=VALUE, got {item!r}")
+        try:
+            value: object = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(label.strip(), {})[key.strip()] = value
     return out
 
 
@@ -92,14 +110,21 @@ def drafter_builders(target, args: argparse.Namespace) -> dict[str, object]:  # 
             print(f"tau_table: cannot import {module}: {exc}", file=sys.stderr)
     builders = {}
     heads = parse_heads(args.heads)
+    extra = parse_drafter_args(args.drafter_arg)
     for label, directory in heads.items():
-        builders[label] = lambda d=directory: DRAFTERS.build(head_kind(d), target, checkpoint=str(d))
+        builders[label] = lambda d=directory, kw=extra.get(label, {}): DRAFTERS.build(head_kind(d), target,
+                                                                                   checkpoint=str(d), **kw)
     if not heads or args.baselines:
         for name in ("dflash", "jetspec", "jetspec-tree", "eagle3") if not heads else ():
             kwargs = {"checkpoint": str(Path(args.heads_dir) / name)} if args.heads_dir else {}
-            builders[name] = lambda n=name, kw=kwargs: DRAFTERS.build(n, target, **kw)
-        builders["ngram"] = lambda: DRAFTERS.build("ngram", target)
-        builders["self"] = lambda: DRAFTERS.build("self", target, layers=args.self_layers)
+            builders[name] = lambda n=name, kw={**kwargs, **extra.get(name, {})}: DRAFTERS.build(n, target, **kw)
+        builders["ngram"] = lambda kw=extra.get("ngram", {}): DRAFTERS.build("ngram", target, **kw)
+        builders["self"] = lambda kw=extra.get("self", {}): DRAFTERS.build("self", target, layers=args.self_layers,
+                                                                             **kw)
+    unknown = sorted(set(extra) - set(builders))
+    if unknown:
+        raise SystemExit(f"tau_table: --drafter-arg names {', '.join(unknown)}, which is no row label here "
+                         f"({', '.join(builders)}); a label of --heads or a shipped drafter")
     return builders
 
 
@@ -274,6 +299,9 @@ def main() -> int:
     p.add_argument("--drafters", default=None, help="only these drafters (comma-separated)")
     p.add_argument("--heads", default=None, help="LABEL=DIR,... trained head directories instead of the shipped heads")
     p.add_argument("--baselines", action="store_true", help="with --heads: add ngram and self")
+    p.add_argument("--drafter-arg", action="append", default=[], metavar="LABEL:KEY=VALUE",
+                   help="a drafter argument for one row label, repeatable; e.g. the shipped dflash head with shorter "
+                        "blocks: --heads dflash-b8=specbench/heads/dflash-smollm2-135m --drafter-arg dflash-b8:block_size=8")
     p.add_argument("--trees", default=None, help="only these tree policies (comma-separated), e.g. ddtree,eagle2")
     p.add_argument("--ref-batch", type=int, default=1,
                    help="prompts whose greedy continuations are generated together (1 = exactly the engine's AR "

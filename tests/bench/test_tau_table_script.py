@@ -111,3 +111,43 @@ def test_compare_pairs_prompts_and_rejects_bad_specs(tmp_path: Path) -> None:
         paired(rows, "a - b/ddtree")
     with pytest.raises(SystemExit, match="no prompt"):
         paired(rows, "a/chain - b/ddtree")
+
+
+def test_drafter_args_build_one_label_differently_and_bad_ones_fail(tmp_path: Path) -> None:
+    """--drafter-arg LABEL:KEY=VALUE: the shipped jetspec head under a second label drafts blocks of 4 (its
+    depth cap), the first label keeps the trained 16, and both replay; a label that is no row, or an item
+    without LABEL:KEY=VALUE, fails before anything loads, naming the flag."""
+    import argparse
+
+    import pytest
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    from tau_table import drafter_builders, parse_drafter_args
+
+    assert parse_drafter_args(["a:block_size=8", "a:name=x y", "b:J=[1, 2]"]) == {
+        "a": {"block_size": 8, "name": "x y"}, "b": {"J": [1, 2]}}
+    for bad in ("block_size=8", "a:block_size", ":k=1"):
+        with pytest.raises(SystemExit, match="--drafter-arg takes LABEL:KEY=VALUE"):
+            parse_drafter_args([bad])
+    head = SCRIPT.parents[1] / "specbench" / "heads" / "jetspec-smollm2-135m"
+    args = argparse.Namespace(heads=f"full={head},short={head}", drafter_arg=["nosuch:block_size=4"],
+                              baselines=False, heads_dir=None, self_layers=None)
+    with pytest.raises(SystemExit, match="--drafter-arg names nosuch"):
+        drafter_builders(None, args)
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "gsm8k_test.jsonl").write_text(json.dumps({"question": "What is 2 + 3?", "answer": "#### 5"}) + "\n")
+    out = tmp_path / "rows.jsonl"
+    run_script(data, out, "--n", "1", "--heads", f"full={head},short={head}", "--drafter-arg", "short:block_size=4",
+               "--drafters", "full,short", "--trees", "ddtree", "--max-new-tokens", "24")
+    rows = rows_by_key(out)
+    assert set(rows) == {("0", "full", "ddtree", 4), ("0", "short", "ddtree", 4)}
+    assert {r["kind"] for r in rows.values()} == {"jetspec"}
+
+    from specbench.models import load_target
+
+    args.drafter_arg = ["short:block_size=4"]
+    built = {label: build() for label, build in drafter_builders(load_target(None), args).items()}
+    assert (built["full"].block_size, built["short"].block_size) == (16, 4)
+    assert built["short"].max_path == 5  # a round accepts at most 3 drafted tokens and the bonus (+ the root)
