@@ -2,7 +2,7 @@
 stack in the same run: ms per round by stage, tau, decode tok/s and speed-up, greedy, bf16.
 
     specbench run experiments/round_table.py --data-dir DATA --device cuda --dtype bfloat16
-    specbench table runs/round_table/results.jsonl --rows drafter,tree,budget,tree_args --cols dataset \\
+    specbench table runs/round_table/results.jsonl --rows drafter,drafter_args,tree,budget,tree_args --cols dataset \\
         --value tau,decode_tok_s,speedup_decode,draft_ms,tree_ms,verify_forward_ms,verify_ms,commit_ms,round_ms
 
 Stage times are CUDA events between the round's graph replays (no device sync per stage); `round_ms`
@@ -14,6 +14,10 @@ from specbench.bench import DatasetSpec, Grid, Study, TableSpec
 STUDY = Study(
     name="round_table",
     grids=(Grid(drafters=("dflash", "jetspec", "jetspec-tree"), trees=("ddtree",), budgets=(64,), optional=True),
+           # the same heads drafting blocks of 8: their trees never reach depth 8 (docs/training_at_scale.md, "Block
+           # size"), so the shorter block is what a round saves, measured beside the trained 16
+           Grid(drafters=("dflash", "jetspec", "jetspec-tree"), trees=("ddtree",), budgets=(64,),
+                drafter_args=({"block_size": 8},), optional=True),
            Grid(drafters=("dflash",), trees=("chain",), budgets=(16,), optional=True),
            Grid(drafters=("eagle3",), trees=("eagle2",), budgets=(64,), optional=True),
            *(Grid(drafters=("eagle3",), trees=("eagle2",), budgets=(64,), tree_args={"top_k": 10, "max_depth": d},
@@ -26,7 +30,7 @@ STUDY = Study(
     dtype="bfloat16",
     warmup_tokens=48,  # graph capture and Triton JIT happen here, outside the timings
     timing_repeats=3,  # each prompt decoded three times, the median kept: one host stall moves no row
-    table=TableSpec(rows=("drafter", "tree", "budget", "tree_args"), cols=("dataset",),
+    table=TableSpec(rows=("drafter", "drafter_args", "tree", "budget", "tree_args"), cols=("dataset",),
                     values=("tau", "decode_tok_s", "speedup_decode", "round_ms", "overhead_frac")),
     description="per-stage round times, tau and speed-up of every drafter against AR on the GPU (T = 0)",
 )

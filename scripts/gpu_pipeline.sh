@@ -389,7 +389,7 @@ phase_rounds() {
   timeout $(left ${ROUNDS_END_S:-600}) python3 -m specbench.cli run experiments/round_table.py --device $DEVICE --dtype $DTYPE \
     --data-dir $SPECBENCH_DATA --out $R/round_table ${ROUNDS_ARGS:-} > $R/round_table.txt 2>&1 || failed "round table" $?
   tail -30 $R/round_table.txt
-  python3 -m specbench.cli table $R/round_table/results.jsonl --rows drafter,tree,budget,tree_args --cols dataset \
+  python3 -m specbench.cli table $R/round_table/results.jsonl --rows drafter,drafter_args,tree,budget,tree_args --cols dataset \
     --value tau,decode_tok_s,speedup_decode,draft_ms,tree_ms,verify_forward_ms,verify_ms,commit_ms,round_ms,overhead_frac \
     > $R/stages.txt 2>&1; cat $R/stages.txt | head -60
   bundle pack rounds rounds --spool $SPOOL --base $P

@@ -38,7 +38,10 @@ class Variant:
     @property
     def label(self) -> str:
         s = self.run.spec
-        return "ar" if s.drafter is None else f"{s.drafter}/{s.tree}/{s.verifier}/b{s.budget}"
+        if s.drafter is None:
+            return "ar"
+        args = [f"{k}={v}" for part in (s.drafter_args, s.tree_args, s.verifier_args) for k, v in sorted(part.items())]
+        return f"{s.drafter}/{s.tree}/{s.verifier}/b{s.budget}" + (f" ({', '.join(args)})" if args else "")
 
 
 @dataclass

@@ -89,6 +89,15 @@ def test_plan_skips_policies_a_drafter_cannot_use_with_its_reason() -> None:
         assert any("dflash/ddtree/tree-rrs at T=0.7" in n and "the policies it can then: chain" in n for n in plan.notes)
 
 
+def test_labels_name_the_arguments_that_tell_variants_apart() -> None:
+    """Two variants that differ only in drafter_args or tree_args (the round table's blocks of 8 beside 16) are
+    told apart in what --dry-run and the progress bar print."""
+    plan = plan_study(small_study(drafters=("ngram",), drafter_args=({}, {"max_ngram": 2}),
+                                  tree_args={"top_k": 3}, budgets=(8,)))
+    assert [v.label for v in plan.variants] == ["ar", "ngram/chain/greedy/b8 (top_k=3)",
+                                                "ngram/chain/greedy/b8 (max_ngram=2, top_k=3)"]
+
+
 def test_missing_drafter_fails_with_its_name_unless_optional() -> None:
     with pytest.raises(StudyError, match=r"drafter 'no-such-head' is not registered \(registered: .*ngram"):
         plan_study(small_study(drafters=("ngram", "no-such-head")))
