@@ -231,6 +231,15 @@ def read_rows(path: Path) -> list[dict]:
 ROW_KEY = ("dataset", "id", "drafter", "tree", "budget")
 
 
+def accepted_counts(accepted: Sequence[int]) -> list[int]:
+    """Rounds by drafted tokens accepted: [rounds accepting 0, 1, ..., the most accepted] (how deep the trees'
+    accepted paths reach: a block size or depth bound beyond the last entry never paid on this prompt)."""
+    counts = [0] * (max(accepted, default=-1) + 1)
+    for a in accepted:
+        counts[a] += 1
+    return counts
+
+
 def run_parallel(args: argparse.Namespace, out: Path, script: str = __file__, key: Sequence[str] = ROW_KEY,
                  show: Callable[[list[dict]], None] | None = None) -> int:
     """N shard processes of `script` (this one, or another with the same --out/--shard/--parallel flags); their
@@ -401,6 +410,7 @@ def main() -> int:
                     row = {"dataset": ds, "id": pid, "drafter": d, "kind": getattr(drafter, "name", d), "tree": tree,
                            "budget": budget, "tau": res.tau,
                            "rounds": len(res.accepted), "new_tokens": len(res.output), "prompt_len": len(ids),
+                           "accepted_counts": accepted_counts(res.accepted),
                            "tf_mismatch": ref.tf_mismatch, "ref_exhausted": res.ref_exhausted,
                            "time_s": round(time.monotonic() - t1, 3), "ref_time_s": round(t_ref, 3),
                            "max_new_tokens": args.max_new_tokens}

@@ -27,6 +27,8 @@ def rows_by_key(path: Path) -> dict[tuple, dict]:
 
 
 def test_pieces_from_both_ends_equal_one_run(tmp_path: Path) -> None:
+    import pytest
+
     data = tmp_path / "data"
     data.mkdir()
     questions = ["What is 2 + 3?", "Name a colour.", "Count to five.", "Say hello in French."]
@@ -42,6 +44,9 @@ def test_pieces_from_both_ends_equal_one_run(tmp_path: Path) -> None:
     assert a.keys() == b.keys() and len(a) == 4 * 2  # ngram/ddtree/4 and self/chain/2 per item
     for key in a:
         assert (a[key]["tau"], a[key]["new_tokens"]) == (b[key]["tau"], b[key]["new_tokens"]), key
+        counts = a[key]["accepted_counts"]  # rounds by drafted tokens accepted: they make up the row's tau
+        assert sum(counts) == a[key]["rounds"] and counts[-1] > 0
+        assert sum((k + 1) * c for k, c in enumerate(counts)) / sum(counts) == pytest.approx(a[key]["tau"])
 
 
 def test_shards_of_a_cut_run_merge_once_and_damage_fails(tmp_path: Path) -> None:
