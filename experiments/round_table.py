@@ -14,10 +14,10 @@ from specbench.bench import DatasetSpec, Grid, Study, TableSpec
 STUDY = Study(
     name="round_table",
     grids=(Grid(drafters=("dflash", "jetspec", "jetspec-tree"), trees=("ddtree",), budgets=(64,), optional=True),
-           # the same heads drafting the block they were trained on (16) beside their default 8: what the shorter
-           # block saves a round (docs/training_at_scale.md, "Block size")
+           # the same heads drafting blocks of 8 beside their trained 16: what the shorter block saves a round, the
+           # other side of its trade (docs/training_at_scale.md, "Block size")
            Grid(drafters=("dflash", "jetspec", "jetspec-tree"), trees=("ddtree",), budgets=(64,),
-                drafter_args=({"block_size": 16},), optional=True),
+                drafter_args=({"block_size": 8},), optional=True),
            Grid(drafters=("dflash",), trees=("chain",), budgets=(16,), optional=True),
            Grid(drafters=("eagle3",), trees=("eagle2",), budgets=(64,), optional=True),
            *(Grid(drafters=("eagle3",), trees=("eagle2",), budgets=(64,), tree_args={"top_k": 10, "max_depth": d},

@@ -52,10 +52,6 @@ RUN_FIELDS = {"batch_size": "--batch-size", "max_len": "--max-len", "lr": "--lr"
               "weight_decay": "--weight-decay", "grad_clip": "--grad-clip", "seed": "--seed"}
 
 
-# a head config's inference settings: a checkpoint that --init-heads starts from passes them on to the heads exported
-INHERITED_KEYS = ("draft_block_size",)
-
-
 class ResumeError(ValueError):
     """A saved state does not fit the run asked for; the message names the flag to change."""
 
@@ -252,8 +248,6 @@ class Trainer:
         self.snapshots_done: list[int] = []
         self.rewarm_from: int | None = None
         self.init_sources: dict[str, str] = {}  # head -> the checkpoint it started from (init_heads)
-        # head -> inference settings of that checkpoint's config (not architecture: draft_block_size), exported again
-        self.inherited: dict[str, dict[str, Any]] = {}
         counts = self.store.response_counts(target.config.vocab_size)
         for obj in objectives.values():
             obj.prepare(counts)
@@ -279,7 +273,6 @@ class Trainer:
             "snapshots_done": list(self.snapshots_done),
             "rewarm_from": self.rewarm_from,
             "init_sources": dict(self.init_sources),
-            "inherited": {n: dict(v) for n, v in self.inherited.items()},
             "generator": self.generator.get_state(),
             "heads": {n: _to_cpu(o.head.state_dict()) for n, o in self.objectives.items()},
             "head_configs": {n: o.head_config() for n, o in self.objectives.items()},
@@ -348,7 +341,6 @@ class Trainer:
         self.snapshots_done = list(state["snapshots_done"])
         self.rewarm_from = state["rewarm_from"]
         self.init_sources = dict(state.get("init_sources", {}))
-        self.inherited = {n: dict(v) for n, v in state.get("inherited", {}).items()}
         self.generator.set_state(state["generator"])
         return True
 
@@ -356,15 +348,14 @@ class Trainer:
         """Start the named heads from trained checkpoints (e.g. the shipped heads, to train them on
         where an earlier run's state is gone): the weights only, dequantized to fp32; the optimizer
         moments, step and schedule start fresh (its warm-up re-warms). The architecture must match:
-        the saved head config, its training settings aside, equals this objective's; its inference
-        settings (`INHERITED_KEYS`) go into the exported heads' configs again."""
+        the saved head config, its training settings aside, equals this objective's."""
         if self.step:
             raise ValueError(f"init_heads starts a fresh run: this one is at step {self.step}")
         for name, directory in sources.items():
             obj = self.objectives[name]
             state, saved = load_head(directory, self.target, dtype=torch.float32)
-            want = {k: v for k, v in obj.head_config().items() if k != "train" and k not in INHERITED_KEYS}
-            have = {k: v for k, v in saved.items() if k != "train" and k not in INHERITED_KEYS}
+            want = {k: v for k, v in obj.head_config().items() if k != "train"}
+            have = {k: v for k, v in saved.items() if k != "train"}
             if want != have:
                 diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
                 raise ValueError(f"--init-heads: the head in {str(directory)!r} differs from the {name!r} head this run "
@@ -372,7 +363,6 @@ class Trainer:
                                  f" set them with --head-arg {name}:KEY=VALUE")
             obj.head.load_state_dict(state)
             self.init_sources[name] = str(directory)
-            self.inherited[name] = {k: saved[k] for k in INHERITED_KEYS if saved.get(k) is not None}
 
     def drop(self, name: str) -> None:
         """Stop training one objective (e.g. one whose first step failed)."""
@@ -385,7 +375,7 @@ class Trainer:
         out = {}
         for name, obj in self.objectives.items():
             d = Path(directory) / name
-            save_head(d, obj.head, {**obj.head_config(), **self.inherited.get(name, {})}, self.target, storage=storage)
+            save_head(d, obj.head, obj.head_config(), self.target, storage=storage)
             out[name] = d
         return out
 

@@ -120,7 +120,7 @@ def test_compare_pairs_prompts_and_rejects_bad_specs(tmp_path: Path) -> None:
 
 def test_drafter_args_build_one_label_differently_and_bad_ones_fail(tmp_path: Path) -> None:
     """--drafter-arg LABEL:KEY=VALUE: the shipped jetspec head under a second label drafts blocks of 4 (its
-    depth cap), the first label keeps the head's own (8), and both replay; a label that is no row, or an item
+    depth cap), the first label keeps the trained 16, and both replay; a label that is no row, or an item
     without LABEL:KEY=VALUE, fails before anything loads, naming the flag."""
     import argparse
 
@@ -154,5 +154,5 @@ def test_drafter_args_build_one_label_differently_and_bad_ones_fail(tmp_path: Pa
 
     args.drafter_arg = ["short:block_size=4"]
     built = {label: build() for label, build in drafter_builders(load_target(None), args).items()}
-    assert (built["full"].block_size, built["short"].block_size) == (8, 4)  # full: the head's draft_block_size
+    assert (built["full"].block_size, built["short"].block_size) == (16, 4)
     assert built["short"].max_path == 5  # a round accepts at most 3 drafted tokens and the bonus (+ the root)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -156,15 +155,7 @@ def test_init_heads_starts_a_fresh_run_from_trained_heads(tmp_path, capsys) -> N
     seqs = [TrainingSequence(prompt=[1, 2, 3, 4], response=list(range(5, 14))) for _ in range(3)]
     trainer = Trainer(target, objectives, seqs, TrainConfig(batch_size=3, steps=2), tmp_path / "second")
     before = {k: v.clone() for k, v in objectives["dflash"].head.state_dict().items()}
-    config_path = first / "heads" / "dflash" / "config.json"  # an inference setting: not the architecture
-    config = json.loads(config_path.read_text())
-    config["head"]["draft_block_size"] = 3
-    config_path.write_text(json.dumps(config))
     trainer.init_heads(init_sources(first / "heads", objectives, target))
-    assert trainer.inherited == {"dflash": {"draft_block_size": 3}, "jetspec-tree": {}}
-    exported = trainer.export_heads(tmp_path / "exported", storage="fp32")  # passed on to the heads trained on
-    assert load_head(exported["dflash"], target)[1]["draft_block_size"] == 3
-    assert "draft_block_size" not in load_head(exported["jetspec-tree"], target)[1]
     saved, _ = load_head(first / "heads" / "dflash", target, dtype=torch.float32)
     after = objectives["dflash"].head.state_dict()
     assert all(torch.equal(after[k], saved[k].to(after[k].dtype)) for k in saved)

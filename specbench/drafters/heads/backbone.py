@@ -50,10 +50,6 @@ class HeadConfig:
     attention: within-block pattern the head was trained with (bidirectional | block-causal).
     clean_next: concrete (clean) block inputs were trained to predict the next token, so a pass over
     a tree's own tokens gives path-conditioned next-token distributions (jetspec-tree).
-    draft_block_size: the block a round drafts unless drafter_args block_size says otherwise (None: the
-    trained block_size). Shorter blocks cost less a round and lose nothing where no accepted path reaches
-    that deep; a block-causal head's first positions are the same in either (docs/training_at_scale.md,
-    "Block size").
     """
 
     drafter: str
@@ -63,7 +59,6 @@ class HeadConfig:
     attention: str = "bidirectional"
     clean_next: bool = False
     train: dict[str, Any] = field(default_factory=dict)  # training settings, for the record only
-    draft_block_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -72,8 +67,6 @@ class HeadConfig:
             raise ValueError("clean_next needs block-causal attention (a bidirectional block would see the label)")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (anchor + at least one draft), got {self.block_size}")
-        if self.draft_block_size is not None and not 2 <= self.draft_block_size <= self.block_size:
-            raise ValueError(f"draft_block_size must be in [2, block_size={self.block_size}], got {self.draft_block_size}")
         if self.num_layers < 1 or not self.taps:
             raise ValueError("a head needs at least one layer and one tap")
         object.__setattr__(self, "taps", tuple(int(t) for t in self.taps))
@@ -81,14 +74,11 @@ class HeadConfig:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["taps"] = list(self.taps)
-        if out["draft_block_size"] is None:  # heads that draft their trained block keep the config they had
-            del out["draft_block_size"]
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "HeadConfig":
-        known = {k: d[k] for k in ("drafter", "taps", "num_layers", "block_size", "attention", "clean_next", "train",
-                                   "draft_block_size") if k in d}
+        known = {k: d[k] for k in ("drafter", "taps", "num_layers", "block_size", "attention", "clean_next", "train") if k in d}
         return cls(**known)
 
 

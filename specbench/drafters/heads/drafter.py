@@ -104,7 +104,7 @@ class HeadDrafter(Drafter):
                 f"the {self.name!r} drafter needs a head trained on clean-prefix blocks with next-token labels "
                 f"(clean_next); this {cfg.drafter!r} head was not: train one with {train_hint(self.name, target)}")
         self.head = head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-        self.block_size = block_size if block_size is not None else cfg.draft_block_size or cfg.block_size
+        self.block_size = block_size if block_size is not None else cfg.block_size
         if not 2 <= self.block_size <= cfg.block_size:
             raise ConfigError(f"block_size must be in [2, {cfg.block_size}] (the size the head was trained on), got "
                               f"drafter_args block_size={self.block_size}", keys=("drafter_args",))
