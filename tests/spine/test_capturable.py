@@ -19,6 +19,7 @@ from specbench.drafters.ngram import NgramDrafter
 from specbench.engine import SpecDecoder
 from specbench.models import load_target
 
+from graph_checks import check_graphed_equals_eager
 from host_reads import HostRead, no_host_reads
 
 PROMPTS = [[5, 17, 33, 2, 90, 41], [88, 3, 14, 15, 92, 65, 35, 89, 79]]
@@ -153,19 +154,5 @@ def test_cuda_graphs_replay_the_eager_round(smollm2_shape_cuda, drafter, tree, b
     ar = SpecDecoder(target, SpecConfig(), max_seq_len=128)
     graphed = SpecDecoder(target, spec, max_seq_len=128, drafter=_drafter(target, drafter))
     eager = SpecDecoder(target, spec, max_seq_len=128, drafter=_drafter(target, drafter), cuda_graphs=False)
-    assert graphed.cuda_graphs and graphed.device_drafting and not eager.cuda_graphs
-
-    def rounds(decoder, prompt):
-        seen = []
-        out = decoder.generate(prompt, 32, on_round=lambda n, t, r: seen.append((t.tokens.tolist(), t.parents.tolist())))
-        return out.tokens, seen
-
-    for prompt in PROMPTS:
-        want = ar.generate(prompt, 32).tokens
-        for _ in range(2):
-            g_tokens, g_trees = rounds(graphed, prompt)
-            e_tokens, e_trees = rounds(eager, prompt)
-            assert g_trees == e_trees, "the graphed round drafted other trees than the eager one"
-            assert g_tokens == e_tokens == want
-        assert graphed.generate(prompt, 32).tokens == want
-    assert graphed.captured, "the round was never captured"
+    assert graphed.device_drafting
+    check_graphed_equals_eager(graphed, eager, PROMPTS, [ar.generate(p, 32).tokens for p in PROMPTS], 32)
