@@ -12,18 +12,11 @@ minutes); the values go on in the CUDA path's output tensors (its strides).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections import Counter
 from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-
-KERNELS = {"norm": 1, "qkv_rope": 1, "silu_mul": 1, "add_rmsnorm_linear": 2, "add_rmsnorm_mlp": 4}
-"""Kernels per layer op on CUDA (`fused_ops`): one Triton kernel each; a norm fused into a product counts as the
-element-wise kernel + cuBLAS, the MLP block as norm, gate/up, SiLU*up and down (the "gemm" level fuses them into
-fewer where that is faster)."""
 
 
 ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # memory only, no kernel
@@ -71,21 +64,6 @@ class OpCounter(TorchDispatchMode):
             self.kernels[where] += 1
             self.names.setdefault(where, Counter())[func.overloadpacket.__name__] += 1
         return out
-
-    def fused_ops(self, ops: Any) -> Any:
-        """`ops` (a LayerOps of reference functions) with each call counted as the kernels the CUDA
-        fused level launches for it (`KERNELS`) instead of its reference aten calls."""
-        def one(name: str, fn: Callable) -> Callable:
-            def call(*a: Any, **kw: Any) -> Any:
-                self.kernels[self.parts[-1]] += KERNELS[name]
-                self.names.setdefault(self.parts[-1], Counter())[name] += KERNELS[name]
-                self.fused += 1
-                try:
-                    return fn(*a, **kw)
-                finally:
-                    self.fused -= 1
-            return call
-        return type(ops)(**{f.name: one(f.name, getattr(ops, f.name)) for f in dataclasses.fields(ops)})
 
     def shadow(self, cpu: Callable, cuda: Callable) -> Callable:
         """A function returning `cpu`'s values (not counted; in `cuda`'s output tensors where their strides

@@ -58,3 +58,15 @@ def test_stages_count_each_triton_launch_of_the_cuda_round(round_ops, config: st
         assert k["draft"]["triton:_attention_kernel"] == 7  # context_attention, one a head pass
         assert r["head"]["draft"][1] > 0 and r["head"]["commit"][1] > 0
     assert r["rounds"] == 1 and all(v[1] > 0 for s, v in r["stages"].items() if s != "draft")
+
+
+def test_foresight_stage_counts_the_cuda_path_by_part(round_ops) -> None:
+    """scripts/foresight_ops.py counts the same CUDA path (the layer ops and attention as their Triton launches)."""
+    import foresight_ops
+
+    counts = foresight_ops.count_foresight("tiny-llama", "chain:4", J=1, R=1, B=2, rounds_counted=1, top=0)
+    assert {"selection", "blocks", "draft stage"} <= set(counts)
+    assert all(kernels > 0 and calls >= kernels for calls, kernels in counts.values())
+    cpu = foresight_ops.count_foresight("tiny-llama", "chain:4", J=1, R=1, B=2, rounds_counted=1, top=0,
+                                        reference_ops=True)
+    assert counts["blocks"][1] < cpu["blocks"][1]  # a fused Triton op is one launch, its reference several calls
