@@ -10,7 +10,7 @@ or allocations, plus one per Triton launch. Where the CPU runs other code than C
 the values (not counted) and the CUDA code is run beside it for the count, under TRITON_INTERPRET=1 with
 its Triton launches stubbed (counted, not executed): the layer ops (`fused_ops(--level)`: Triton kernels +
 cuBLAS), the target's attention (`triton_tree_attention`) and eagle3's draft-row attention
-(`context_attention`), the ranked top-k over a wide row (`ranked_topk_triton`), ddtree's build (the
+(`context_attention`), a tree's ancestor mask (`ancestor_mask`), the ranked top-k over a wide row (`ranked_topk_triton`), ddtree's build (the
 `top_b_tree` kernel: `ddtree` runs as `ddtree-vec`, its CUDA builder, which gives the same tree), ngram's trie
 (`ngram_trie`), greedy
 acceptance (`tree_accept`) and the K/V commit (`kv_compact`). The split of the attention kernel follows
@@ -98,7 +98,8 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
     from specbench.models.triton_attention import triton_tree_attention
-    from specbench.trees import ddtree_vec, ranking
+    from specbench.kernels.ancestor_mask import ancestor_mask
+    from specbench.trees import base, ddtree_vec, ranking
     from specbench.verify import vectorised, walk
 
     model = target.model
@@ -120,6 +121,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (model, "attention", "triton"),  # eagle3 takes its Triton branch (context_attention)
         (tree_attention, "context_attention", shadow(context_reference, tree_attention.context_attention)),
         (ranking, "ranked_topk_checked", shadow(ranking.ranked_topk_checked, ranked_topk_triton)),
+        (base, "device_ancestor_masks", shadow(base.ancestor_masks, lambda parents, depth: ancestor_mask(parents))),
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),
                                        functools.partial(vectorised.accept_packed, use_kernel=True))),
         (decoder.KVCache, "compact_with_index_ops",

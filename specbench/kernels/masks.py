@@ -2,7 +2,8 @@
 
 A mask over N new keys is stored as int32 words, 32 keys per word: bit (j % 32) of word j // 32 in row i
 says whether query i sees new key j. This is N*N/8 bytes instead of the dense [N, kv_len] mask, and it
-is built once per forward and shared by every layer.
+is built once per forward and shared by every layer. A tree's ancestor mask (`ancestor_masks`) is the
+unpacked mask such a forward starts from; `ancestor_mask.py` builds it in one launch on CUDA.
 """
 
 from __future__ import annotations
@@ -37,6 +38,22 @@ def unpack_tree_mask(bits: Tensor, n: int) -> Tensor:
     shifts = torch.arange(BITS, dtype=torch.int32, device=bits.device)
     unpacked = (bits[..., None] >> shifts) & 1  # [..., N, W, 32]
     return unpacked.flatten(-2)[..., :n].bool()
+
+
+def ancestor_masks(parents: Tensor, depth: int) -> Tensor:
+    """[..., N, N] bool of trees given by parents [..., N] (-1: no parent) of depth at most `depth`:
+    mask[..., i, j] = j is i or an ancestor of i. Pointer doubling: after k steps every node has OR-ed
+    in its 2^k nearest ancestors (the root and padding point at themselves). Tensor ops only."""
+    n = parents.shape[-1]
+    ids = torch.arange(n, device=parents.device)
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(*parents.shape, n)
+    jump = torch.where(parents >= 0, parents, ids)
+    steps = max(1, depth).bit_length()
+    for step in range(steps):
+        mask = mask | mask.gather(-2, jump[..., None].expand(*jump.shape, n))  # row i |= row jump[i]
+        if step + 1 < steps:  # the last jump would go unused
+            jump = jump.gather(-1, jump)
+    return mask
 
 
 def block_causal_mask(n: int, block: int, device: torch.device | str = "cpu") -> Tensor:

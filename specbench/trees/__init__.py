@@ -1,8 +1,8 @@
 """Draft trees and tree policies: the shape of what the target verifies.
 
-Pure package: tensors in, tensors out. Imports torch, numpy and the registry (PyYAML, networkx and
-matplotlib lazily: template files, graphs, drawing); never models/, drafters/, verify/ or the engine,
-so any engine can use it.
+Pure package: tensors in, tensors out. Imports torch, numpy, the registry and kernels/ (its Triton
+kernels lazily, on CUDA; PyYAML, networkx and matplotlib lazily: template files, graphs, drawing); never
+models/, drafters/, verify/ or the engine, so any engine can use it.
 
 Contract (`trees.base.TreePolicy`): turn a drafter's scores into a DraftTree (node 0 = the anchor,
 parents before children) with at most `budget` draft nodes, root excluded, whose `scores` never rise

@@ -15,6 +15,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 from torch import Tensor
 
+from specbench.kernels.masks import ancestor_masks  # noqa: F401  (re-exported: the CPU path and the reference)
 from specbench.registry import require_declared
 from specbench.trees.ranking import ranked_topk, top_indices
 
@@ -33,20 +34,14 @@ def anchor_tensor(anchor: Anchor, device: torch.device | str) -> Tensor:
     return torch.full((1,), int(anchor), dtype=torch.long, device=device)
 
 
-def ancestor_masks(parents: Tensor, depth: int) -> Tensor:
-    """[..., N, N] bool of trees given by parents [..., N] (-1: no parent) of depth at most `depth`:
-    mask[..., i, j] = j is i or an ancestor of i. Pointer doubling: after k steps every node has OR-ed
-    in its 2^k nearest ancestors (the root and padding point at themselves). Tensor ops only."""
-    n = parents.shape[-1]
-    ids = torch.arange(n, device=parents.device)
-    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(*parents.shape, n)
-    jump = torch.where(parents >= 0, parents, ids)
-    steps = max(1, depth).bit_length()
-    for step in range(steps):
-        mask = mask | mask.gather(-2, jump[..., None].expand(*jump.shape, n))  # row i |= row jump[i]
-        if step + 1 < steps:  # the last jump would go unused
-            jump = jump.gather(-1, jump)
-    return mask
+def device_ancestor_masks(parents: Tensor, depth: int) -> Tensor:
+    """`ancestor_masks`, as one Triton launch where the parents are on CUDA (the verify forward of a GPU round)
+    instead of its ~15 tensor ops."""
+    if parents.is_cuda:
+        from specbench.kernels.ancestor_mask import ancestor_mask
+
+        return ancestor_mask(parents)
+    return ancestor_masks(parents, depth)
 
 
 @dataclass(eq=False)
@@ -187,7 +182,7 @@ class DraftTree:
             depth = self.depth_bound
         else:
             depth = self.max_depth if self.device.type == "cpu" else n - 1
-        return ancestor_masks(self.parents, depth)
+        return device_ancestor_masks(self.parents, depth)
 
     def path_to(self, node: int) -> list[int]:
         """Node ids from the root to `node` (inclusive)."""
@@ -318,7 +313,7 @@ class TreeBatch:
         """[B, N, N] each tree's `DraftTree.ancestor_mask`, in one batched pass when not known."""
         if self.ancestor_mask is not None:
             return self.ancestor_mask
-        return ancestor_masks(self.parents, self.depth_bound if self.depth_bound is not None else self.tokens.shape[1] - 1)
+        return device_ancestor_masks(self.parents, self.depth_bound if self.depth_bound is not None else self.tokens.shape[1] - 1)
 
     @classmethod
     def stack(cls, trees: Sequence[DraftTree]) -> "TreeBatch":
