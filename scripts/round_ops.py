@@ -10,7 +10,7 @@ or allocations, plus one per Triton launch. Where the CPU runs other code than C
 the values (not counted) and the CUDA code is run beside it for the count, under TRITON_INTERPRET=1 with
 its Triton launches stubbed (counted, not executed): the layer ops (`fused_ops(--level)`: Triton kernels +
 cuBLAS), the target's attention (`triton_tree_attention`) and eagle3's draft-row attention
-(`context_attention`), a tree's ancestor mask (`ancestor_mask`), the ranked top-k over a wide row (`ranked_topk_triton`), ddtree's build (the
+(`context_attention`), a tree's ancestor mask (`ancestor_mask`), a scored trie's top nodes (`select_top`), the ranked top-k over a wide row (`ranked_topk_triton`), ddtree's build (the
 `top_b_tree` kernel: `ddtree` runs as `ddtree-vec`, its CUDA builder, which gives the same tree), ngram's trie
 (`ngram_trie`), greedy
 acceptance (`tree_accept`) and the K/V commit (`kv_compact`). The split of the attention kernel follows
@@ -132,6 +132,15 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         return tree.tokens, tree.parents, tree.depth, tree.scores, count
 
     pairs.append((ngram_trie, "ngram_trie", shadow(trie_reference, ngram_trie.ngram_trie)))
+    select_ops = base.select_top_scores
+
+    def select_kernel(candidates, budget):  # type: ignore[no-untyped-def]
+        if candidates.num_nodes - 1 <= budget:
+            return candidates
+        selected = base.select_top_scores_kernel(candidates, budget)
+        return select_ops(candidates, budget) if selected is None else selected
+
+    pairs.append((base, "select_top_scores", shadow(select_ops, select_kernel)))
     if isinstance(policy, ddtree_vec.DDTreeVecPolicy):
         pairs.append((ddtree_vec, "build_top_b", shadow(ddtree_vec.build_top_b, policy._kernel_build)))
     with swapped(pairs), counter.stubbed_launches():

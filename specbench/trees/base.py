@@ -400,7 +400,26 @@ def select_top_scores(candidates: DraftTree, budget: int) -> DraftTree:
     n = candidates.num_nodes
     if n - 1 <= budget:
         return candidates
+    if candidates.tokens.is_cuda and candidates.draft_probs is None:
+        selected = select_top_scores_kernel(candidates, budget)
+        if selected is not None:
+            return selected
     # Stable descending sort (`top_indices`): equal scores keep node order, so a parent precedes an equal child.
     order = top_indices(candidates.scores[1:], budget) + 1
     keep = torch.nn.functional.pad(order.to(candidates.device), (1, 0))  # the root (id 0) first
     return candidates.subtree(keep.sort().values, checked=False)  # closed under parents by the score order
+
+
+def select_top_scores_kernel(candidates: DraftTree, budget: int) -> DraftTree | None:
+    """`select_top_scores` (N - 1 > budget, no draft_probs) as one Triton launch (`specbench.kernels.select_top`:
+    the same nodes in the same order) instead of a sort and the subtree's ~10 index ops; None past the kernel's
+    node limit."""
+    from specbench.kernels.select_top import MAX_NODES, select_top
+
+    if candidates.num_nodes > MAX_NODES:
+        return None
+    assert candidates.scores is not None
+    tokens, parents, depth, scores = select_top(candidates.tokens, candidates.parents, candidates.depth,
+                                                candidates.scores, budget)
+    return DraftTree(tokens=tokens, parents=parents, depth=depth, scores=scores, meta=dict(candidates.meta),
+                     depth_bound=candidates.depth_bound)
