@@ -404,6 +404,12 @@ def select_top_scores(candidates: DraftTree, budget: int) -> DraftTree:
         selected = select_top_scores_kernel(candidates, budget)
         if selected is not None:
             return selected
+    return select_top_scores_ops(candidates, budget)
+
+
+def select_top_scores_ops(candidates: DraftTree, budget: int) -> DraftTree:
+    """`select_top_scores` of a tree of more than `budget` draft nodes in tensor ops (every device)."""
+    assert candidates.scores is not None
     # Stable descending sort (`top_indices`): equal scores keep node order, so a parent precedes an equal child.
     order = top_indices(candidates.scores[1:], budget) + 1
     keep = torch.nn.functional.pad(order.to(candidates.device), (1, 0))  # the root (id 0) first
