@@ -132,11 +132,13 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         return tree.tokens, tree.parents, tree.depth, tree.scores, count
 
     pairs.append((ngram_trie, "ngram_trie", shadow(trie_reference, ngram_trie.ngram_trie)))
-    def select_kernel(candidates, budget):  # type: ignore[no-untyped-def]
-        selected = base.select_top_scores_kernel(candidates, budget)
-        return base.select_top_scores_ops(candidates, budget) if selected is None else selected
+    select_ops = base.select_top_scores_ops  # before the swap below
 
-    pairs.append((base, "select_top_scores_ops", shadow(base.select_top_scores_ops, select_kernel)))
+    def select_kernel(candidates, budget):  # type: ignore[no-untyped-def]
+        selected = base.select_top_scores_kernel(candidates, budget)  # None where the ops are the faster
+        return select_ops(candidates, budget) if selected is None else selected
+
+    pairs.append((base, "select_top_scores_ops", shadow(select_ops, select_kernel)))
     if isinstance(policy, ddtree_vec.DDTreeVecPolicy):
         pairs.append((ddtree_vec, "build_top_b", shadow(ddtree_vec.build_top_b, policy._kernel_build)))
     with swapped(pairs), counter.stubbed_launches():

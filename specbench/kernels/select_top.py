@@ -22,6 +22,11 @@ from torch import Tensor
 from specbench.kernels.device import require_kernel_device
 
 MAX_NODES = 1024
+FASTER_MAX_NODES = 256
+"""Where `select_top_scores` takes the kernel on CUDA. One program ranks all N nodes, so its time grows with N^2
+while the tensor ops' barely grows: in CUDA graphs on an H100 (scripts/bench_tree_ops.py, 2026-12-07) 4.8 against
+33.4 us at 129 nodes (prompt lookup's trie at budget 16), 62.2 against 49.9 us at 513 (budget 64). The N^2 growth
+puts the crossover near 400 nodes; 256 stays below it."""
 
 
 @triton.jit

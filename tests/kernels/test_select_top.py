@@ -9,7 +9,7 @@ pytest.importorskip("triton", reason="Triton is not importable: the kernel tests
 
 from kernel_cases import random_parents  # noqa: E402
 
-from specbench.kernels.select_top import MAX_NODES, select_top  # noqa: E402
+from specbench.kernels.select_top import FASTER_MAX_NODES, MAX_NODES, select_top  # noqa: E402
 from specbench.trees.base import DraftTree, select_top_scores, select_top_scores_kernel  # noqa: E402
 
 
@@ -51,11 +51,14 @@ def test_the_tree_path_keeps_meta_and_bound_and_stops_at_its_limit(device) -> No
     sub = select_top_scores_kernel(moved, 10)
     assert sub is not None and sub.num_nodes == 11 and sub.meta == {"padded": True} and sub.depth_bound == tree.depth_bound
     assert torch.equal(sub.parents.cpu(), select_top_scores(tree, 10).parents)
-    big = _scored_tree(MAX_NODES + 1, g, None)
-    assert select_top_scores_kernel(big, 10) is None  # the tensor ops take it
+    big = _scored_tree(FASTER_MAX_NODES + 1, g, None)
+    assert select_top_scores_kernel(big, 10) is None  # the tensor ops take it (they are the faster there)
 
 
-def test_rejects_a_budget_that_keeps_everything(device) -> None:
+def test_rejects_a_budget_that_keeps_everything_and_too_many_nodes(device) -> None:
     t = torch.zeros(5, dtype=torch.long, device=device)
     with pytest.raises(ValueError, match="budget"):
         select_top(t, t - 1, t, torch.zeros(5, device=device), 4)
+    big = torch.zeros(MAX_NODES + 1, dtype=torch.long, device=device)
+    with pytest.raises(ValueError, match="nodes"):
+        select_top(big, big - 1, big, torch.zeros(MAX_NODES + 1, device=device), 4)
