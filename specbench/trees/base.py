@@ -36,11 +36,12 @@ def anchor_tensor(anchor: Anchor, device: torch.device | str) -> Tensor:
 
 def device_ancestor_masks(parents: Tensor, depth: int) -> Tensor:
     """`ancestor_masks`, as one Triton launch where the parents are on CUDA (the verify forward of a GPU round)
-    instead of its ~15 tensor ops."""
+    instead of its ~15 tensor ops (trees of up to the kernel's 1,024 nodes)."""
     if parents.is_cuda:
-        from specbench.kernels.ancestor_mask import ancestor_mask
+        from specbench.kernels.ancestor_mask import MAX_NODES, ancestor_mask
 
-        return ancestor_mask(parents)
+        if parents.shape[-1] <= MAX_NODES:
+            return ancestor_mask(parents)
     return ancestor_masks(parents, depth)
 
 

@@ -55,3 +55,22 @@ def test_a_malformed_parent_array_ends(device) -> None:
 def test_rejects_sizes_out_of_range(device) -> None:
     with pytest.raises(ValueError, match="nodes"):
         ancestor_mask(torch.full((MAX_NODES + 1,), -1, device=device))
+
+
+def test_the_tree_path_takes_the_tensor_ops_past_the_kernels_limit(monkeypatch) -> None:
+    """`DraftTree.ancestor_mask` on CUDA: the kernel up to MAX_NODES nodes, the tensor ops beyond (a budget-1024
+    tree has 1,025 nodes). The CUDA test runs it on the device; on the CPU `is_cuda` is faked on a stand-in."""
+    from specbench.trees import base
+
+    calls: list[str] = []
+
+    class Parents(torch.Tensor):  # a CPU tensor that says it is on CUDA
+        @property
+        def is_cuda(self) -> bool:  # type: ignore[override]
+            return True
+
+    monkeypatch.setattr("specbench.kernels.ancestor_mask.ancestor_mask", lambda p: calls.append("kernel") or p)
+    monkeypatch.setattr(base, "ancestor_masks", lambda p, d: calls.append("ops") or p)
+    base.device_ancestor_masks(torch.full((MAX_NODES,), -1).as_subclass(Parents), 1)
+    base.device_ancestor_masks(torch.full((MAX_NODES + 1,), -1).as_subclass(Parents), 1)
+    assert calls == ["kernel", "ops"]
