@@ -77,7 +77,7 @@ def main() -> None:
         rows.append({"op": "ancestor mask", "nodes": n, "depth": bound,
                      "tensor_ops_us": graph_time(lambda: ancestor_masks(par, bound), args.repeats, args.inner),
                      "kernel_us": graph_time(lambda: ancestor_mask(par), args.repeats, args.inner)})
-    for matches, budget in ((8, 16), (8, 64)):  # prompt lookup's padded trie: max_matches x budget nodes + the root
+    for matches, budget in ((8, 16), (8, 24), (8, 32), (8, 48), (8, 64)):  # prompt lookup's trie: matches x budget + the root
         n = matches * budget + 1
         parents, depth = random_tree(n, budget, g)
         step = torch.rand(n, generator=g)
