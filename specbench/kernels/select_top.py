@@ -22,11 +22,11 @@ from torch import Tensor
 from specbench.kernels.device import require_kernel_device
 
 MAX_NODES = 1024
-FASTER_MAX_NODES = 256
-"""Where `select_top_scores` takes the kernel on CUDA. One program ranks all N nodes, so its time grows with N^2
-while the tensor ops' barely grows: in CUDA graphs on an H100 (scripts/bench_tree_ops.py, 2026-12-07) 4.8 against
-33.4 us at 129 nodes (prompt lookup's trie at budget 16), 62.2 against 49.9 us at 513 (budget 64). The N^2 growth
-puts the crossover near 400 nodes; 256 stays below it."""
+FASTER_MAX_NODES = 512
+"""Where `select_top_scores` takes the kernel on CUDA. One program ranks all N nodes in tiles of next_pow2(N) rows,
+so its time grows with N^2 while the tensor ops' barely grows: in CUDA graphs on an H100 (scripts/bench_tree_ops.py,
+2026-12-07) 4.9 / 6.0 / 16.8 / 24.0 against 33.6 / 45.3 / 49.7 / 49.8 us at 129 / 193 / 257 / 385 nodes (prompt
+lookup's trie at budgets 16-48), but 62.2 against 49.9 at 513 (budget 64: the row tile doubles to 1,024)."""
 
 
 @triton.jit
