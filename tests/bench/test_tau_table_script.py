@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tau_table.py"
 
 
@@ -27,8 +29,6 @@ def rows_by_key(path: Path) -> dict[tuple, dict]:
 
 
 def test_pieces_from_both_ends_equal_one_run(tmp_path: Path) -> None:
-    import pytest
-
     data = tmp_path / "data"
     data.mkdir()
     questions = ["What is 2 + 3?", "Name a colour.", "Count to five.", "Say hello in French."]
