@@ -52,8 +52,6 @@ def test_pieces_from_both_ends_equal_one_run(tmp_path: Path) -> None:
 def test_shards_of_a_cut_run_merge_once_and_damage_fails(tmp_path: Path) -> None:
     """A --parallel run cut before its merge leaves OUT.shardK.jsonl files: merge_shards folds them into OUT,
     each row once (the last of equal keys), and a cut last line is dropped; a damaged inner line raises."""
-    import pytest
-
     sys.path.insert(0, str(SCRIPT.parent))
     from tau_table import merge_shards, read_rows
 
@@ -96,8 +94,6 @@ def test_device_replay_rows_equal_the_host_walk(tmp_path: Path) -> None:
 def test_compare_pairs_prompts_and_rejects_bad_specs(tmp_path: Path) -> None:
     """--compare: the paired difference is taken over the prompts both sides have (a prompt with one side only
     is left out), per budget and dataset and over all; a spec without DRAFTER/TREE on both sides fails."""
-    import pytest
-
     sys.path.insert(0, str(SCRIPT.parent))
     from tau_table import paired
 
@@ -123,8 +119,6 @@ def test_drafter_args_build_one_label_differently_and_bad_ones_fail(tmp_path: Pa
     depth cap), the first label keeps the trained 16, and both replay; a label that is no row, or an item
     without LABEL:KEY=VALUE, fails before anything loads, naming the flag."""
     import argparse
-
-    import pytest
 
     sys.path.insert(0, str(SCRIPT.parent))
     from tau_table import drafter_builders, parse_drafter_args
