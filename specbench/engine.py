@@ -45,7 +45,7 @@ from specbench.config import ConfigError, SamplingConfig, SpecConfig
 from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState, TeacherForced
 from specbench.models.decoder import ForwardOutput, KVCache
-from specbench.models.graphs import GraphedForward, SideStage, Stage, StageGraphs
+from specbench.models.graphs import Constant, GraphedForward, SideStage, Stage, StageGraphs
 from specbench.models.target import TargetModel
 from specbench.stats import RequestStats, RoundClock, RoundStats
 from specbench.trees import TREE_POLICIES
@@ -397,7 +397,7 @@ class SpecDecoder:
     def _drafting(self, state: DraftState, static: bool) -> list[Stage]:
         """The drafting stages; a host drafter's tree goes into static buffers when `static`."""
         if self.drafter is None:
-            return [("draft", lambda _: self._root_tree)]
+            return [("draft", Constant(self._root_tree))]
         if self.device_drafting:
             return self.drafter.phases(state, self.policy, self.spec.budget)
         return [("draft", lambda _: self._host_draft(state, static))]

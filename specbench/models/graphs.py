@@ -124,6 +124,18 @@ Stage = tuple[str, Callable[[Any], Any]]
 chain's input)."""
 
 
+@dataclass(frozen=True)
+class Constant:
+    """A step with no device work: it returns the same static value every round (AR's draft stage, the
+    anchor's one-node tree). `StageGraphs` captures no graph for it: an empty capture warns ("The CUDA
+    Graph is empty") and its replay would still cost a launch."""
+
+    value: Any
+
+    def __call__(self, _: Any) -> Any:
+        return self.value
+
+
 @dataclass
 class SideStage:
     """Stage `name` of a chain replayed on a second stream: it starts from the point on the main
@@ -155,8 +167,10 @@ class StageGraphs:
         self.names = [name for name, _ in stages]
         if side is not None and not {side.name, side.fork, side.join} <= set(self.names):
             raise ValueError(f"side stage {side.name!r} (fork {side.fork!r}, join {side.join!r}) not in {self.names}")
+        if side is not None and isinstance(dict(stages)[side.name], Constant):
+            raise ValueError(f"side stage {side.name!r} is a Constant: it has no work to run beside the chain")
         self.side = side
-        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.graphs: list[torch.cuda.CUDAGraph | None] = []  # None: a `Constant` step
         self.outputs: list[Any] = []
         pool, own = torch.cuda.graph_pool_handle(), torch.cuda.graph_pool_handle()
         # with a side stage the chain is captured on a stream known to differ from the side stage's, which
@@ -167,6 +181,11 @@ class StageGraphs:
         x = first_input
         with torch.inference_mode():
             for name, step in stages:
+                if isinstance(step, Constant):
+                    x = step(x)
+                    self.graphs.append(None)
+                    self.outputs.append(x)
+                    continue
                 graph = torch.cuda.CUDAGraph()
                 on_side = side is not None and name == side.name
                 with torch.cuda.graph(graph, pool=own if on_side else pool, stream=side.stream if on_side else main):  # type: ignore[union-attr]
@@ -195,6 +214,6 @@ class StageGraphs:
                     end.record()
                     done.record()
                 side.span = (start, end)
-            else:
+            elif graph is not None:
                 graph.replay()
         return self.outputs[-1]

@@ -18,6 +18,7 @@ from specbench.drafters.jetspecpp.drafter import JetSpecPPDrafter
 from specbench.drafters.ngram import NgramDrafter
 from specbench.engine import SpecDecoder
 from specbench.models import load_target
+from specbench.models.graphs import Constant, SideStage, StageGraphs
 
 from graph_checks import check_graphed_equals_eager
 from host_reads import HostRead, no_host_reads
@@ -143,7 +144,18 @@ def smollm2_shape_cuda():
     return load_target("random:smollm2-135m-shape@0", device="cuda", dtype="float32")
 
 
+def test_a_constant_stage_is_not_captured_and_cannot_be_the_side_stage() -> None:
+    """AR's draft stage has no device work: a `Constant` returns its value and gets no graph (the GPU
+    test below fails on an empty capture); as the side stage it is refused before anything is captured."""
+    tree = object()
+    assert Constant(tree)(None) is tree
+    with pytest.raises(ValueError, match="side stage 'draft' is a Constant"):
+        StageGraphs([("draft", Constant(tree)), ("verify", lambda x: x), ("commit", lambda x: x)], None,
+                    side=SideStage(name="draft", fork="draft", join="commit", stream=None))  # type: ignore[arg-type]
+
+
 @pytest.mark.gpu
+@pytest.mark.filterwarnings("error:The CUDA Graph is empty")  # a stage with no device work captured (AR's draft, before)
 @pytest.mark.parametrize("drafter, tree, budget", CASES, ids=[f"{d}/{t}/{b}" for d, t, b in CASES])
 def test_cuda_graphs_replay_the_eager_round(smollm2_shape_cuda, drafter, tree, budget) -> None:
     """The same configurations captured in CUDA graphs: the eager round's trees and AR's tokens, twice
