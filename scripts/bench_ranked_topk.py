@@ -8,7 +8,9 @@ Rows are log-softmaxed bf16-rounded logits over SmolLM2's 49,152-token vocabular
 every variant is first checked equal (ids and values) to the reference on fresh rows. Times are CUDA-graph
 replays (`triton.testing.do_bench_cudagraph`, median): what a captured round pays. The shapes are the
 round's: ddtree's table at budgets 16/64/256 (15 depths), jetspec-tree's node rows, jetspec++'s decoder rows; and
-eagle3's per-depth rows over its 4,096-token draft vocabulary, where the stable sort (`ranked_topk_sorted`) is timed too.
+eagle3's per-depth rows over its 4,096-token draft vocabulary, where the stable sort (`ranked_topk_sorted`, what
+CUDA ran on them before `CUDA_SORT_MAX_WIDTH`) is timed too; and rows of 512-2,048 entries, which say where that
+width should sit.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from bench_variants import measure, report, save  # noqa: E402
 
 SHAPES = [(15, 64, "ddtree/64 table"), (15, 16, "ddtree/16 table"), (15, 256, "ddtree/256 table"),
           (65, 8, "jetspec-tree node rows"), (16, 16, "16 block rows")]
-DRAFT_VOCAB = 4096  # eagle3's draft vocabulary: its per-depth rows, ranked by one stable sort today (SORT_MAX_WIDTH)
-DRAFT_SHAPES = [(1, 8, "eagle3 root row"), (8, 8, "eagle3 frontier rows"), (16, 16, "eagle3 16 frontier rows")]
+DRAFT_VOCAB = 4096  # eagle3's draft vocabulary: its per-depth rows (the kernel's one-launch path past CUDA_SORT_MAX_WIDTH)
+DRAFT_SHAPES = [(1, 10, "eagle3 root row"), (10, 10, "eagle3 frontier rows (eagle2's 10 beams)"),
+                (16, 16, "eagle3 16 frontier rows")]
 
 
 def main() -> None:
@@ -46,6 +49,7 @@ def main() -> None:
     rows_out = []
     g = torch.Generator().manual_seed(0)
     shapes = [(r, k, what, DRAFT_VOCAB) for r, k, what in DRAFT_SHAPES] + [(r, k, what, args.vocab) for r, k, what in SHAPES]
+    shapes += [(10, 10, f"{w}-wide rows", w) for w in (512, 1024, 2048)]
     for rows, k, what, vocab in shapes:
         logits = (4 * torch.randn(rows, vocab, generator=g)).bfloat16().float()
         x = torch.log_softmax(logits, -1).cuda()

@@ -10,7 +10,7 @@ or allocations, plus one per Triton launch. Where the CPU runs other code than C
 the values (not counted) and the CUDA code is run beside it for the count, under TRITON_INTERPRET=1 with
 its Triton launches stubbed (counted, not executed): the layer ops (`fused_ops(--level)`: Triton kernels +
 cuBLAS), the target's attention (`triton_tree_attention`) and eagle3's draft-row attention
-(`context_attention`), a tree's ancestor mask (`ancestor_mask`), a scored trie's top nodes (`select_top`), the ranked top-k over a wide row (`ranked_topk_triton`), ddtree's build (the
+(`context_attention`), a tree's ancestor mask (`ancestor_mask`), a scored trie's top nodes (`select_top`), the ranked top-k over a wide row (`ranked_topk_triton`, also where the CPU sorts a draft vocabulary's rows), ddtree's build (the
 `top_b_tree` kernel: `ddtree` runs as `ddtree-vec`, its CUDA builder, which gives the same tree), ngram's trie
 (`ngram_trie`), greedy
 acceptance (`tree_accept`) and the K/V commit (`kv_compact`). The split of the attention kernel follows
@@ -113,6 +113,12 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
                                                      new_after_context=new_after_context, num_new=num_new,
                                                      dtype=q.dtype)
 
+    sort_ops = ranking.ranked_topk_sorted  # before the swap below
+
+    def sorted_on_cuda(x, k):  # type: ignore[no-untyped-def]
+        """Where the CPU sorts a row, CUDA's kernel past `CUDA_SORT_MAX_WIDTH` (eagle3's draft rows)."""
+        return ranked_topk_triton(x, k) if x.shape[-1] > ranking.CUDA_SORT_MAX_WIDTH else sort_ops(x, k)
+
     pairs: list[tuple[Any, str, Any]] = [
         (model, "ops", decoder.LayerOps(*(shadow(getattr(ref, f), getattr(ops, f)) for f in
                                           ("norm", "qkv_rope", "silu_mul", "add_rmsnorm_linear", "add_rmsnorm_mlp",
@@ -121,6 +127,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (model, "attention", "triton"),  # eagle3 takes its Triton branch (context_attention)
         (tree_attention, "context_attention", shadow(context_reference, tree_attention.context_attention)),
         (ranking, "ranked_topk_checked", shadow(ranking.ranked_topk_checked, ranked_topk_triton)),
+        (ranking, "ranked_topk_sorted", shadow(sort_ops, sorted_on_cuda)),
         (base, "device_ancestor_masks", shadow(base.ancestor_masks, lambda parents, depth: ancestor_mask(parents))),
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),
                                        functools.partial(vectorised.accept_packed, use_kernel=True))),

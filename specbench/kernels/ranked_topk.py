@@ -11,6 +11,9 @@ the H200. Here the same keys are built and ranked on chip:
   merge pass  the best KP of those candidates, repeated while a row has more than MERGE_MAX of them;
               the last one writes the k best ids and their values (read back from the input row)
 
+A row that one program holds whole (up to ONE_PASS_MAX entries: eagle3's 4,096-token draft vocabulary) is
+ranked in one launch: the chunk pass writes the ids and values itself.
+
 The keys are unique per id, so "the k largest keys" is one well-defined set in one order: the result
 equals the reference exactly, ties included (tests compare both on rows with many equal values).
 Inputs: x [R, V] float32/bf16/fp16 (any row stride, unit column stride), k <= V. Shapes depend only on
@@ -29,10 +32,24 @@ from specbench.kernels.top_b_tree import _best, _order_key
 
 CHUNK = 2048  # entries of a row per program in the chunk pass
 MERGE_MAX = 4096  # candidates one program ranks in a merge pass
+ONE_PASS_MAX = 4096  # rows up to this wide: one program a row, one launch (the default chunk)
 
 
 @triton.jit
-def _chunk_kernel(X, Cand, V, stride_x, NC, CH: tl.constexpr, KP: tl.constexpr, USE_TOPK: tl.constexpr):
+def _write_ranked(best, X, OutVal, OutIdx, row, K, stride_x):
+    """The k best of `best` (keys, descending) as ids (the complemented low half back) and their values read
+    from the input row (as stored)."""
+    j = tl.arange(0, best.shape[0])
+    idx = 0xFFFFFFFF - (best & 0xFFFFFFFF)
+    take = j < K
+    val = tl.load(X + row * stride_x + idx, mask=take, other=0.0).to(tl.float32)
+    tl.store(OutIdx + row * K + j, idx, mask=take)
+    tl.store(OutVal + row * K + j, val, mask=take)
+
+
+@triton.jit
+def _chunk_kernel(X, Cand, OutVal, OutIdx, V, K, stride_x, NC, CH: tl.constexpr, KP: tl.constexpr,
+                  USE_TOPK: tl.constexpr, FINAL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CH + tl.arange(0, CH)
@@ -40,8 +57,11 @@ def _chunk_kernel(X, Cand, V, stride_x, NC, CH: tl.constexpr, KP: tl.constexpr, 
     x = tl.load(X + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
     keys = tl.where(ok, _order_key(x, offs), tl.full([CH], -9223372036854775808, tl.int64))  # [CH]
     best = _best(keys, KP, USE_TOPK)
-    j = tl.arange(0, best.shape[0])
-    tl.store(Cand + (row * NC + chunk) * KP + j, best, mask=j < KP)
+    if FINAL:  # the whole row in this one program (NC == 1): the result directly
+        _write_ranked(best, X, OutVal, OutIdx, row, K, stride_x)
+    else:
+        j = tl.arange(0, best.shape[0])
+        tl.store(Cand + (row * NC + chunk) * KP + j, best, mask=j < KP)
 
 
 @triton.jit
@@ -54,20 +74,17 @@ def _merge_kernel(Cand, Out, X, OutVal, OutIdx, M, NC_OUT, K, stride_x,
     best = _best(keys, KP, USE_TOPK)
     j = tl.arange(0, best.shape[0])
     if FINAL:
-        idx = 0xFFFFFFFF - (best & 0xFFFFFFFF)  # the complemented id back
-        take = j < K
-        val = tl.load(X + row * stride_x + idx, mask=take, other=0.0).to(tl.float32)
-        tl.store(OutIdx + row * K + j, idx, mask=take)
-        tl.store(OutVal + row * K + j, val, mask=take)
+        _write_ranked(best, X, OutVal, OutIdx, row, K, stride_x)
     else:
         tl.store(Out + (row * NC_OUT + chunk) * KP + j, best, mask=j < KP)
 
 
-def ranked_topk_triton(x: Tensor, k: int, chunk: int = CHUNK, use_topk: bool | None = None,
+def ranked_topk_triton(x: Tensor, k: int, chunk: int | None = None, use_topk: bool | None = None,
                        merge_max: int = MERGE_MAX) -> tuple[Tensor, Tensor]:
     """(values [R, k] float32, ids [R, k] int64): the k best entries of each row of x [R, V] by (value desc,
     id asc), -0.0 ranked as +0.0 (values come back as stored). `chunk`: entries per program of the chunk
-    pass (a power of two >= the padded k); `use_topk`: rank with `tl.topk` (default: where Triton has it)
+    pass (a power of two >= the padded k; default: the whole row up to ONE_PASS_MAX, else CHUNK); a row in
+    one chunk is ranked in one launch. `use_topk`: rank with `tl.topk` (default: where Triton has it)
     instead of a full `tl.sort`; `merge_max`: candidates per program of a merge pass (a power of two)."""
     require_kernel_device(x)
     if x.dim() != 2 or x.shape[-1] < 1 or not x.is_floating_point():
@@ -79,6 +96,8 @@ def ranked_topk_triton(x: Tensor, k: int, chunk: int = CHUNK, use_topk: bool | N
     if x.stride(-1) != 1:
         x = x.contiguous()
     kp = max(2, triton.next_power_of_2(k))  # tl.topk needs a power of two (and >= 2 on older Triton)
+    if chunk is None:
+        chunk = triton.next_power_of_2(vocab) if vocab <= ONE_PASS_MAX else CHUNK
     ch = max(chunk, kp)
     merge = max(merge_max, 2 * kp)  # a merge pass must shrink its rows
     if ch & (ch - 1) or merge & (merge - 1):
@@ -88,9 +107,14 @@ def ranked_topk_triton(x: Tensor, k: int, chunk: int = CHUNK, use_topk: bool | N
     vals = torch.empty(rows, k, dtype=torch.float32, device=dev)
     ids = torch.empty(rows, k, dtype=torch.int64, device=dev)
     nc = triton.cdiv(vocab, ch)
-    cand = torch.empty(rows, nc * kp, dtype=torch.int64, device=dev)
     warps = 4 if ch <= 2048 else 8
-    _chunk_kernel[(rows, nc)](x, cand, vocab, x.stride(0), nc, CH=ch, KP=kp, USE_TOPK=topk, num_warps=warps)
+    if nc == 1:  # one program a row: ranked in this launch
+        _chunk_kernel[(rows, 1)](x, ids, vals, ids, vocab, k, x.stride(0), 1, CH=ch, KP=kp, USE_TOPK=topk, FINAL=True,
+                                 num_warps=warps)
+        return vals, ids
+    cand = torch.empty(rows, nc * kp, dtype=torch.int64, device=dev)
+    _chunk_kernel[(rows, nc)](x, cand, vals, ids, vocab, k, x.stride(0), nc, CH=ch, KP=kp, USE_TOPK=topk, FINAL=False,
+                              num_warps=warps)
     m = nc * kp
     while m > merge:  # another round of chunks over the candidates
         nc_out = triton.cdiv(m, merge)

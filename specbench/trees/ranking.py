@@ -20,7 +20,10 @@ from torch import Tensor
 
 _LOW32 = 0xFFFFFFFF
 CPU_KEYS_MAX_WIDTH = 4096  # rows up to this wide are ranked through keys on the CPU too
-SORT_MAX_WIDTH = 4096  # rows up to this wide are ranked by one stable sort (CUDA sorts them in shared memory)
+SORT_MAX_WIDTH = 4096  # rows up to this wide are ranked by one stable sort (off CUDA)
+# on CUDA, rows wider than this take the ranked top-k kernel: a stable sort of eagle3's [10, 4,096] rows was 20 us
+# a call on the H200 (`profile_dflash_eagle3_h200_gemv.txt.gz`: 7 of them a round), the kernel one launch there
+CUDA_SORT_MAX_WIDTH = 1024
 
 
 def order_keys(values: Tensor, index: Tensor) -> Tensor:
@@ -50,16 +53,18 @@ def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(values [R, k] float32, indices [R, k] int64): the k largest entries of each row of x [R, V],
     value descending, equal values by lower index. Exact on every device.
 
-    Rows up to `SORT_MAX_WIDTH` wide (a draft vocabulary, a tree's nodes): one stable sort, two kernels.
-    Wider rows on the CPU: a float top-k plus tie checks on the k+1 kept values (packing keys over a
-    whole vocabulary costs several passes there); on CUDA the packed keys ranked on chip in two Triton
-    launches (`specbench.kernels.ranked_topk`, no host read: what the GPU round captures), where
-    `torch.topk` over the keys is a multi-pass radix select; elsewhere one top-k over packed keys.
+    On CUDA, rows wider than `CUDA_SORT_MAX_WIDTH` (a draft vocabulary, the whole vocabulary): the packed
+    keys ranked on chip by `specbench.kernels.ranked_topk` (one launch up to 4,096 entries, two beyond; no
+    host read: what the GPU round captures), where `torch.topk` over the keys is a multi-pass radix select
+    and a stable sort of a 4,096-wide row was ~20 us. Narrower rows (a tree's nodes), and rows up to
+    `SORT_MAX_WIDTH` elsewhere: one stable sort, two kernels. Wider rows on the CPU: a float top-k plus
+    tie checks on the k+1 kept values (packing keys over a whole vocabulary costs several passes there);
+    elsewhere one top-k over packed keys.
     """
     if x.dim() != 2:
         raise ValueError(f"ranked_topk expects a 2-D [rows, vocab] tensor, got shape {tuple(x.shape)}")
     k = min(int(k), x.shape[-1])
-    if x.shape[-1] > SORT_MAX_WIDTH and x.is_cuda and k >= 1:  # the kernel reads bf16 itself: no float copy
+    if x.shape[-1] > CUDA_SORT_MAX_WIDTH and x.is_cuda and k >= 1:  # the kernel reads bf16 itself: no float copy
         from specbench.kernels.ranked_topk import ranked_topk_triton
 
         return ranked_topk_triton(x, k)

@@ -39,6 +39,21 @@ def test_kernel_equals_reference(device, use_topk, rows, vocab, k, chunk, merge)
     assert torch.equal(vals.cpu(), want_vals)
 
 
+@pytest.mark.parametrize("rows, vocab, k, dtype", [(3, 4096, 10, torch.float32), (2, 1000, 1, torch.float32),
+                                                   (2, 333, 333, torch.float32), (1, 1, 1, torch.float32),
+                                                   (5, 2048, 16, torch.bfloat16)])
+def test_a_row_in_one_program_is_ranked_in_one_launch(device, rows, vocab, k, dtype) -> None:
+    """Rows up to ONE_PASS_MAX wide (eagle3's draft vocabulary) with the default chunk: the chunk pass writes
+    the result itself, the same as the reference and as the two-pass path."""
+    x = _rows(rows, vocab, seed=rows * vocab + k, dtype=dtype)
+    vals, ids = ranked_topk_triton(x.to(device), k)
+    want_vals, want_ids = ranked_topk_reference(x, k)
+    assert torch.equal(ids.cpu(), want_ids) and torch.equal(vals.cpu(), want_vals)
+    if vocab > 64:
+        two_pass = ranked_topk_triton(x.to(device), k, chunk=64 if k <= 64 else 512)
+        assert torch.equal(two_pass[1], ids) and torch.equal(two_pass[0], vals)
+
+
 def test_signed_zeros_tie_and_values_come_back_as_stored(device) -> None:
     x = torch.tensor([[-0.0, 0.0, -1.0, -0.0, 0.0] + [-2.0] * 300])
     vals, ids = ranked_topk_triton(x.to(device), 4, chunk=64)
@@ -85,3 +100,20 @@ def test_full_vocabulary_on_cuda_through_ranked_topk(cuda, rows, k) -> None:
     assert torch.equal(ids.cpu(), want_ids) and torch.equal(vals.cpu(), want_vals)
     key_vals, key_ids = ranked_topk_keys(logp, k)
     assert torch.equal(ids, key_ids) and torch.equal(vals, key_vals)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, k", [(1, 10), (10, 10), (16, 16)])
+def test_draft_vocabulary_rows_on_cuda_through_ranked_topk(cuda, rows, k) -> None:
+    """eagle3's per-depth rows (4,096-token draft vocabulary, log-softmaxed bf16 logits): `ranked_topk` on CUDA
+    takes the one-launch kernel past `CUDA_SORT_MAX_WIDTH` and equals the reference and the stable sort."""
+    from specbench.trees.ranking import CUDA_SORT_MAX_WIDTH, ranked_topk_sorted
+
+    assert 4096 > CUDA_SORT_MAX_WIDTH
+    g = torch.Generator().manual_seed(rows + k)
+    logp = torch.log_softmax((4 * torch.randn(rows, 4096, generator=g)).bfloat16().float(), -1).to(cuda)
+    vals, ids = ranked_topk(logp, k)
+    want_vals, want_ids = ranked_topk_reference(logp.cpu(), k)
+    assert torch.equal(ids.cpu(), want_ids) and torch.equal(vals.cpu(), want_vals)
+    sort_vals, sort_ids = ranked_topk_sorted(logp, k)
+    assert torch.equal(ids, sort_ids) and torch.equal(vals, sort_vals)
