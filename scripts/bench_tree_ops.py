@@ -1,7 +1,8 @@
 """The two tree ops of a round that became one Triton launch each, against the tensor ops they replace, in
 CUDA graphs as the round replays them: a tree's ancestor mask (`kernels/ancestor_mask.py` against pointer
-doubling, every tree round's verify forward) and a scored trie's top nodes (`kernels/select_top.py` against
-`select_top_scores`' sort and index ops: prompt lookup's tree stage).
+doubling, every tree round's verify forward) and a scored candidate tree's top nodes (`kernels/select_top.py`,
+one program or two launches, against `select_top_scores`' sort and index ops: prompt lookup's tree stage,
+eagle3's final selection).
 
     python scripts/bench_tree_ops.py [--repeats 200] [--json F]      # a CUDA machine (~30 s)
 
@@ -21,7 +22,7 @@ import torch
 
 from specbench.kernels.ancestor_mask import ancestor_mask
 from specbench.kernels.masks import ancestor_masks
-from specbench.kernels.select_top import select_top
+from specbench.kernels.select_top import ONE_PROGRAM_MAX_NODES, select_top
 from specbench.trees.base import DraftTree, select_top_scores, select_top_scores_ops
 
 
@@ -77,8 +78,9 @@ def main() -> None:
         rows.append({"op": "ancestor mask", "nodes": n, "depth": bound,
                      "tensor_ops_us": graph_time(lambda: ancestor_masks(par, bound), args.repeats, args.inner),
                      "kernel_us": graph_time(lambda: ancestor_mask(par), args.repeats, args.inner)})
-    for matches, budget in ((8, 16), (8, 24), (8, 32), (8, 48), (8, 64)):  # prompt lookup's trie: matches x budget + the root
-        n = matches * budget + 1
+    selects = [(8 * b + 1, b) for b in (16, 24, 32, 48, 64)]  # prompt lookup's trie: 8 matches x budget + the root
+    selects.append((711, 64))  # eagle3's candidates at eagle2's defaults (10 beams, 8 frontiers)
+    for n, budget in selects:
         parents, depth = random_tree(n, budget, g)
         step = torch.rand(n, generator=g)
         scores = torch.zeros(n)
@@ -88,17 +90,23 @@ def main() -> None:
                          depth=depth.to(dev), scores=scores.to(dev))
         arrays = (tree.tokens, tree.parents, tree.depth, tree.scores)
         want = DraftTree(*(t.cpu() for t in arrays[:3]), scores=scores)  # the tensor ops, on the CPU
-        got = select_top(*arrays, budget)
-        assert all(torch.equal(a.cpu(), getattr(select_top_scores(want, budget), f))
-                   for a, f in zip(got, ("tokens", "parents", "depth", "scores"))), f"select differs at N = {n}"
-        rows.append({"op": "select top", "nodes": n, "budget": budget,
-                     "tensor_ops_us": graph_time(lambda: select_top_scores_ops(tree, budget), args.repeats, args.inner),
-                     "kernel_us": graph_time(lambda: select_top(*arrays, budget), args.repeats, args.inner)})
+        for one in (True, False):
+            got = select_top(*arrays, budget, one_program=one)
+            assert all(torch.equal(a.cpu(), getattr(select_top_scores(want, budget), f))
+                       for a, f in zip(got, ("tokens", "parents", "depth", "scores"))), f"select differs at N = {n}"
+        row = {"op": "select top", "nodes": n, "budget": budget,
+               "tensor_ops_us": graph_time(lambda: select_top_scores_ops(tree, budget), args.repeats, args.inner)}
+        for one, key in ((True, "one_program_us"), (False, "two_launch_us")):
+            row[key] = graph_time(lambda one=one: select_top(*arrays, budget, one_program=one), args.repeats, args.inner)
+        row["kernel_us"] = row["one_program_us" if n <= ONE_PROGRAM_MAX_NODES else "two_launch_us"]  # the default
+        rows.append(row)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: us per call in a CUDA graph (median)")
-    print("| op | nodes | tensor ops | kernel | saved |\n|---|---:|---:|---:|---:|")
+    print("| op | nodes | tensor ops | kernel (default) | saved | select: one program | two launches |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        split = f" {r['one_program_us']:.2f} | {r['two_launch_us']:.2f} |" if "one_program_us" in r else " | |"
         print(f"| {r['op']} | {r['nodes']} | {r['tensor_ops_us']:.2f} | {r['kernel_us']:.2f} | "
-              f"{r['tensor_ops_us'] - r['kernel_us']:.2f} |")
+              f"{r['tensor_ops_us'] - r['kernel_us']:.2f} |{split}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -418,12 +418,12 @@ def select_top_scores_ops(candidates: DraftTree, budget: int) -> DraftTree:
 
 
 def select_top_scores_kernel(candidates: DraftTree, budget: int) -> DraftTree | None:
-    """`select_top_scores` (N - 1 > budget, no draft_probs) as one Triton launch (`specbench.kernels.select_top`:
-    the same nodes in the same order) instead of a sort and the subtree's ~10 index ops; None for a tree too large
-    for it to be the faster (`FASTER_MAX_NODES`)."""
-    from specbench.kernels.select_top import FASTER_MAX_NODES, select_top
+    """`select_top_scores` (N - 1 > budget, no draft_probs) in one or two Triton launches (`specbench.kernels.
+    select_top`: the same nodes in the same order) instead of a sort and the subtree's ~10 index ops; None for a
+    tree past the kernel's `MAX_NODES`."""
+    from specbench.kernels.select_top import MAX_NODES, select_top
 
-    if candidates.num_nodes > FASTER_MAX_NODES:
+    if candidates.num_nodes > MAX_NODES:
         return None
     assert candidates.scores is not None
     tokens, parents, depth, scores = select_top(candidates.tokens, candidates.parents, candidates.depth,

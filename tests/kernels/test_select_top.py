@@ -1,4 +1,5 @@
-"""select_top (one program) against `select_top_scores`' tensor ops: the same nodes, order and arrays."""
+"""select_top (one program, or ranks over programs then one compacting program) against `select_top_scores`'
+tensor ops: the same nodes, order and arrays."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ pytest.importorskip("triton", reason="Triton is not importable: the kernel tests
 
 from kernel_cases import random_parents  # noqa: E402
 
-from specbench.kernels.select_top import FASTER_MAX_NODES, MAX_NODES, select_top  # noqa: E402
+from specbench.kernels.select_top import MAX_NODES, ONE_PROGRAM_MAX_NODES, select_top  # noqa: E402
 from specbench.trees.base import DraftTree, select_top_scores, select_top_scores_kernel  # noqa: E402
 
 
@@ -33,14 +34,28 @@ def _scored_tree(n: int, g: torch.Generator, levels: int | None) -> DraftTree:
 
 @pytest.mark.parametrize("n", [3, 17, 65, 129, 300])
 @pytest.mark.parametrize("levels", [None, 2])
-def test_the_same_nodes_in_the_same_order(device, n: int, levels: int | None) -> None:
+@pytest.mark.parametrize("one_program", [True, False], ids=["one-program", "two-launch"])
+def test_the_same_nodes_in_the_same_order(device, n: int, levels: int | None, one_program: bool) -> None:
     g = torch.Generator().manual_seed(n * 7 + (levels or 0))
     tree = _scored_tree(n, g, levels)
     for budget in sorted({0, 1, n // 3, n - 2}):
         want = select_top_scores(tree, budget)  # the tensor ops, on the CPU
-        got = [t.cpu() for t in select_top(*(t.to(device) for t in (tree.tokens, tree.parents, tree.depth, tree.scores)), budget)]
+        got = [t.cpu() for t in select_top(*(t.to(device) for t in (tree.tokens, tree.parents, tree.depth, tree.scores)),
+                                           budget, one_program=one_program)]
         for name, g_t in zip(("tokens", "parents", "depth", "scores"), got):
             assert torch.equal(g_t, getattr(want, name)), (name, budget)
+
+
+@pytest.mark.parametrize("n, budget", [(513, 64), (711, 64), (MAX_NODES, 256)])
+def test_the_sizes_past_one_program(device, n: int, budget: int) -> None:
+    """Prompt lookup's trie at budget 64 (513 nodes), eagle3's candidates (711), the limit: the default path (two
+    launches past ONE_PROGRAM_MAX_NODES) equals the tensor ops, ties and -inf included."""
+    assert n > ONE_PROGRAM_MAX_NODES
+    tree = _scored_tree(n, torch.Generator().manual_seed(n), 2)
+    want = select_top_scores(tree, budget)
+    got = select_top(*(t.to(device) for t in (tree.tokens, tree.parents, tree.depth, tree.scores)), budget)
+    for name, g_t in zip(("tokens", "parents", "depth", "scores"), got):
+        assert torch.equal(g_t.cpu(), getattr(want, name)), name
 
 
 def test_the_tree_path_keeps_meta_and_bound_and_stops_at_its_limit(device) -> None:
@@ -51,8 +66,8 @@ def test_the_tree_path_keeps_meta_and_bound_and_stops_at_its_limit(device) -> No
     sub = select_top_scores_kernel(moved, 10)
     assert sub is not None and sub.num_nodes == 11 and sub.meta == {"padded": True} and sub.depth_bound == tree.depth_bound
     assert torch.equal(sub.parents.cpu(), select_top_scores(tree, 10).parents)
-    big = _scored_tree(FASTER_MAX_NODES + 1, g, None)
-    assert select_top_scores_kernel(big, 10) is None  # the tensor ops take it (they are the faster there)
+    big = _scored_tree(MAX_NODES + 1, g, None)
+    assert select_top_scores_kernel(big, 10) is None  # past the kernel's limit: the tensor ops take it
 
 
 def test_rejects_a_budget_that_keeps_everything_and_too_many_nodes(device) -> None:
