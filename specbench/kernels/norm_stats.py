@@ -135,12 +135,15 @@ class NormStatsOps:
     dtypes the block output products (wo, down) add the residual and leave the sums of squares, and the next
     block's input product uses them with the norm weight folded into its weight (`fold_norm`, made once per weight
     and kept here: a second copy of wqkv and the gate/up weight); elsewhere (one row, prefill, fp32, a qkv bias)
-    the base ops run, on the summed stream. Bound methods fill a `LayerOps`."""
+    the base ops run, on the summed stream: `base_output` too (the gemm level's matrix-vector wo at one row; the
+    plain product when not given). Bound methods fill a `LayerOps`."""
 
     MAX_ROWS = 128
 
-    def __init__(self, base_norm: Callable, base_linear: Callable, base_mlp: Callable, base_qkv: Callable) -> None:
+    def __init__(self, base_norm: Callable, base_linear: Callable, base_mlp: Callable, base_qkv: Callable,
+                 base_output: Callable | None = None) -> None:
         self._norm, self._linear, self._mlp, self._qkv = base_norm, base_linear, base_mlp, base_qkv
+        self._output = base_output
         self._folded: dict[int, tuple] = {}  # id(weight) -> (ref to weight, norm weight, versions, W')
 
     def folded(self, norm_weight: Tensor, weight: Tensor) -> Tensor:
@@ -166,6 +169,8 @@ class NormStatsOps:
         if self.takes(o, weight) and x.dtype == o.dtype:
             out, ss = linear_residual(o, weight, x)
             return out, RowStats(ss)
+        if self._output is not None:
+            return self._output(o, weight, x)
         return x, F.linear(o, weight)
 
     def norm(self, x: Tensor, weight: Tensor, eps: float, delta: "Tensor | RowStats | None" = None):  # noqa: ANN201

@@ -404,7 +404,8 @@ def fused_ops(level: str = "elementwise") -> LayerOps:
         return gemm
     from specbench.kernels.norm_stats import NormStatsOps
 
-    stats = NormStatsOps(gemm.norm, gemm.add_rmsnorm_linear, gemm.add_rmsnorm_mlp, gemm.add_rmsnorm_qkv_rope)
+    stats = NormStatsOps(gemm.norm, gemm.add_rmsnorm_linear, gemm.add_rmsnorm_mlp, gemm.add_rmsnorm_qkv_rope,
+                         gemm.output_linear)  # one row: the gemm level's step exactly
     return LayerOps(stats.norm, qkv_rope, silu_mul, stats.add_rmsnorm_linear, stats.add_rmsnorm_mlp,
                     stats.add_rmsnorm_qkv_rope, stats.output_linear)
 

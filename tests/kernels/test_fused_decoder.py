@@ -45,6 +45,20 @@ def test_unknown_level_is_refused() -> None:
         model.set_fused("fast")
 
 
+def test_stats_level_runs_the_gemm_step_at_one_row(device) -> None:
+    """At one row the "stats" level has nothing to fold: every op is the gemm level's, wo's matrix-vector kernel
+    included (it ran cuBLAS there before: 0.81 against 0.77 ms for SmolLM2's AR step on an H100, 2026-12-07)."""
+    target = load_target("random:tiny-llama@1", device=device, dtype="bfloat16")
+    model = target.model
+    token = torch.tensor([[7]], device=device)
+    logits = []
+    for level in ("gemm", "stats"):
+        model.set_fused(level)
+        logits.append(model(token, torch.zeros(1, 1, dtype=torch.long, device=device), target.new_cache(8), None).logits)
+    model.set_fused("reference")
+    assert torch.equal(logits[0], logits[1])
+
+
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_stats_level_equals_gemm_level_in_bf16(device, preset) -> None:
     """The "stats" level (no RMSNorm kernel between layers at several rows: `kernels/norm_stats.py`) computes the
