@@ -106,7 +106,9 @@ def select_top(tokens: Tensor, parents: Tensor, depth: Tensor, scores: Tensor, b
     scratch = torch.empty(block, dtype=torch.int32, device=tokens.device)
     out = [torch.empty(budget + 1, dtype=t.dtype, device=t.device) for t in (tokens, parents, depth, scores)]
     warps = 4 if block <= 256 else 8
-    if n <= ONE_PROGRAM_MAX_NODES if one_program is None else one_program:
+    if one_program is None:
+        one_program = n <= ONE_PROGRAM_MAX_NODES
+    if one_program:
         _select_top_kernel[(1,)](tokens, parents, depth, scores, scratch, *out, n, budget,
                                  BLOCK=block, CHUNK=max(16, min(block, 8192 // block)), num_warps=warps)
         return out[0], out[1], out[2], out[3]
