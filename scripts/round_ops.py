@@ -10,7 +10,8 @@ or allocations, plus one per Triton launch. Where the CPU runs other code than C
 the values (not counted) and the CUDA code is run beside it for the count, under TRITON_INTERPRET=1 with
 its Triton launches stubbed (counted, not executed): the layer ops (`fused_ops(--level)`: Triton kernels +
 cuBLAS), the target's attention (`triton_tree_attention`) and eagle3's draft-row attention
-(`context_attention`), a tree's ancestor mask (`ancestor_mask`), a scored trie's top nodes (`select_top`), the ranked top-k over a wide row (`ranked_topk_triton`, also where the CPU sorts a draft vocabulary's rows), ddtree's build (the
+(`context_attention`), a tree's ancestor mask (`ancestor_mask`), a scored trie's top nodes (`select_top`), the ranked top-k over a wide row (`ranked_topk_triton`, also where the CPU sorts a draft vocabulary's rows), eagle2's
+beam step (`beam_step`), ddtree's build (the
 `top_b_tree` kernel: `ddtree` runs as `ddtree-vec`, its CUDA builder, which gives the same tree), ngram's trie
 (`ngram_trie`), greedy
 acceptance (`tree_accept`) and the K/V commit (`kv_compact`). The split of the attention kernel follows
@@ -99,7 +100,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
     from specbench.models import decoder
     from specbench.models.triton_attention import triton_tree_attention
     from specbench.kernels.ancestor_mask import ancestor_mask
-    from specbench.trees import base, ddtree_vec, ranking
+    from specbench.trees import base, ddtree_vec, grow, ranking
     from specbench.verify import vectorised, walk
 
     model = target.model
@@ -128,6 +129,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (tree_attention, "context_attention", shadow(context_reference, tree_attention.context_attention)),
         (ranking, "ranked_topk_checked", shadow(ranking.ranked_topk_checked, ranked_topk_triton)),
         (ranking, "ranked_topk_sorted", shadow(sort_ops, sorted_on_cuda)),
+        (grow, "beam_step_ops", shadow(grow.beam_step_ops, grow.beam_step_kernel)),  # eagle2's depth after its top-k
         (base, "device_ancestor_masks", shadow(base.ancestor_masks, lambda parents, depth: ancestor_mask(parents))),
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),
                                        functools.partial(vectorised.accept_packed, use_kernel=True))),

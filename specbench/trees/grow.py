@@ -97,7 +97,7 @@ def frontier_subtree(tree: DraftTree, frontier: Tensor) -> tuple[DraftTree, Tens
 
 
 def beam_grow(anchor: Anchor, topk: TopkFn, budget: int, width: int, depth: int,
-              device: torch.device | str = "cpu") -> DraftTree:
+              device: torch.device | str = "cpu", use_kernel: bool | None = None) -> DraftTree:
     """EAGLE-2's dynamic tree. The root's `width` best children are the first beams; at each further
     depth every beam gets its `width` best children (scored by cumulative log-prob), all of them become
     candidates, and the `width` best candidates are the next beams. Finally the `budget` best
@@ -109,7 +109,8 @@ def beam_grow(anchor: Anchor, topk: TopkFn, budget: int, width: int, depth: int,
     buffers allocated once for the largest layout (`width` children a beam), so a depth costs a few
     kernels and `topk` sees views of the tree so far (no concatenation): the depths of the layout are
     written once, the next beams' ids straight into the next block's parents, and the last depth
-    chooses no beams.
+    chooses no beams. A depth's bookkeeping after the top-k is `beam_step_ops`, or on CUDA (`use_kernel`
+    None) one launch of `kernels.beam_step` (the same arrays).
     """
     depth = min(depth, budget)
     size = 1 + sum(beams * width for beams in _beam_counts(width, depth))
@@ -129,19 +130,45 @@ def beam_grow(anchor: Anchor, topk: TopkFn, budget: int, width: int, depth: int,
         tok, lp = topk(tree, frontier, width)  # [F, k]
         f, k = tok.shape
         end = count + f * k
-        cand = scores[count:end]  # [F*k] by (beam place, rank)
-        torch.add(beam_scores[:, None], lp.float().clamp(max=0.0), out=cand.view(f, k))
-        tokens[count:end].view(f, k).copy_(tok)
         if k < width:  # fewer children than width (a tiny vocabulary): not the regular layout
             depths[count:end].fill_(d + 1)
-        if d + 1 < depth:  # the next beams (none after the last depth); their ids are the next block's parents
-            best = top_indices(cand, width)  # [F'] places in this block
-            nxt = parents[end: end + best.numel() * k].view(-1, k)  # [F', k]
-            torch.add(best[:, None].expand_as(nxt), count, out=nxt)
-            frontier, beam_scores = nxt[:, 0], cand[best]
+        # the next beams (none after the last depth); their ids are the next block's parents
+        nxt = parents[end: end + min(width, f * k) * k] if d + 1 < depth else None
+        step = beam_step_kernel if (tok.is_cuda if use_kernel is None else use_kernel) else beam_step_ops
+        beam_scores = step(tok, lp, beam_scores, tokens[count:end], scores[count:end], nxt, count, width)
+        if nxt is not None:
+            frontier = nxt.view(-1, k)[:, 0]
         count = end
     candidates = DraftTree(tokens[:count], parents[:count], depths[:count], scores=scores[:count], depth_bound=depth)
     return select_top_scores(candidates, budget)
+
+
+def beam_step_ops(tok: Tensor, lp: Tensor, beam_scores: Tensor, out_tokens: Tensor, out_scores: Tensor,
+                  next_parents: Tensor | None, count: int, width: int) -> Tensor | None:
+    """A depth of `beam_grow` after its top-k, in tensor ops (every device; the reference of
+    `kernels.beam_step.beam_step`): the F*k candidates' tokens and scores (beam + min(log-prob, 0)) into
+    out_tokens / out_scores [F*k]; with `next_parents` [W*k], the W = min(width, F*k) best candidates (a stable
+    descending sort: equal scores by lower place) as the next beams, each one's id (count + place) written k
+    times; returns their scores [W] (None without `next_parents`)."""
+    f, k = tok.shape
+    torch.add(beam_scores[:, None], lp.float().clamp(max=0.0), out=out_scores.view(f, k))
+    out_tokens.view(f, k).copy_(tok)
+    if next_parents is None:
+        return None
+    best = top_indices(out_scores, width)  # [W] places in this block
+    nxt = next_parents.view(-1, k)  # [W, k]
+    torch.add(best[:, None].expand_as(nxt), count, out=nxt)
+    return out_scores[best]
+
+
+def beam_step_kernel(tok: Tensor, lp: Tensor, beam_scores: Tensor, out_tokens: Tensor, out_scores: Tensor,
+                     next_parents: Tensor | None, count: int, width: int) -> Tensor | None:
+    """`beam_step_ops` in one Triton launch (`specbench.kernels.beam_step`), where it holds the candidates."""
+    from specbench.kernels.beam_step import MAX_CANDIDATES, beam_step
+
+    if tok.numel() > MAX_CANDIDATES:
+        return beam_step_ops(tok, lp, beam_scores, out_tokens, out_scores, next_parents, count, width)
+    return beam_step(tok, lp, beam_scores, out_tokens, out_scores, next_parents, count, width)
 
 
 def _layout_depths(width: int, out: Tensor) -> Tensor:
