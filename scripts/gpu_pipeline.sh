@@ -55,6 +55,8 @@
 #            GPUTEST_ARGS more pytest flags (e.g. -o faulthandler_timeout=60: a stuck test's stacks)
 #   topk     the ranked top-k kernel's tests on CUDA (TOPK_TESTS=0: not), then scripts/bench_ranked_topk.py (kernel vs
 #            packed keys vs the stable sort)
+#   treeops  the tree-op kernels' CUDA tests (select_top, beam_step, ancestor_mask; TREEOPS_TESTS=0: not), then
+#            scripts/bench_tree_ops.py (each kernel against the tensor ops it replaced; TREEOPS_S its timeout)
 #   profile  scripts/profile_round.py --kernels for PROFILE_CONFIGS (PROFILE_ARGS: its drafter args; PROFILE_END_S)
 #   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S; ROUNDS_ARGS:
 #            study overrides, e.g. "drafters=[ngram] trees=[ddtree] budgets=[16,64] tree_args={}": the ngram rows only)
@@ -370,6 +372,20 @@ phase_topk() {
   fi
   timeout ${TOPK_BENCH_S:-120} python3 scripts/bench_ranked_topk.py --out $T/bench.json > $T/bench.txt 2>&1; cat $T/bench.txt
   bundle pack topk topk --spool $SPOOL --base $P
+}
+
+phase_treeops() {
+  local T=$P/treeops; mkdir -p $T
+  log "tree ops: CUDA tests, then the benchmark"
+  if [ "${TREEOPS_TESTS:-1}" = 1 ]; then
+    SPECBENCH_AUTOTUNE=first timeout ${TREEOPS_TEST_S:-150} python3 -m pytest -m "gpu or not slow" -q -p no:cacheprovider \
+      tests/kernels/test_select_top.py tests/kernels/test_beam_step.py tests/kernels/test_ancestor_mask.py > $T/tests.txt 2>&1
+    tail -4 $T/tests.txt
+  fi
+  timeout ${TREEOPS_S:-120} python3 scripts/bench_tree_ops.py --json $T/bench_tree_ops.json > $T/bench.txt 2>&1 \
+    || failed "bench_tree_ops" $?
+  cat $T/bench.txt
+  bundle pack treeops treeops --spool $SPOOL --base $P
 }
 
 phase_profile() {
