@@ -25,6 +25,8 @@ import dataclasses
 import itertools
 import json
 import statistics
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +35,9 @@ from specbench.kernels.decode_attention import DecodeConfig, decode_attention, p
 from specbench.kernels.masks import pack_tree_mask
 from specbench.kernels.reference import tree_attention_reference
 from specbench.kernels.tree_attention import AttentionConfig, plan_attention, tree_attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_variants import graph_us_per_call  # noqa: E402
 
 SHAPES = {"smollm2": (9, 3, 64, 30), "qwen3-8b": (32, 8, 128, 36)}  # heads, KV heads, head dim, layers
 CONTEXTS = {"smollm2": (128, 384, 768, 1536), "qwen3-8b": (512, 2048)}
@@ -95,7 +100,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Ten
 
 def time_layers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bits: torch.Tensor, lengths: torch.Tensor,
                 cfg: AttentionConfig | DecodeConfig, reps: int = 15) -> float:
-    """Microseconds per layer: one call per layer's buffers, captured in one CUDA graph, replays timed."""
+    """Microseconds per layer: one call per layer's buffers, captured in one CUDA graph, replays timed (median)."""
     out = torch.empty_like(q)
     scale = q.shape[-1] ** -0.5
     counters = torch.zeros(4096, dtype=torch.int32, device=q.device)  # the fused merge's tickets (KVCache's)
@@ -104,21 +109,7 @@ def time_layers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bits: torch.T
         for i in range(q.shape[0]):
             attend(q[i], k[i], v[i], lengths, bits, scale, cfg, out[i], counters)
 
-    layers()  # compile, allocate
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        layers()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / q.shape[0])
-    return statistics.median(times)
+    return graph_us_per_call(layers, q.shape[0], reps)
 
 
 def check_and_time(shape: str, n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bits: torch.Tensor,

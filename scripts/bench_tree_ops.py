@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -24,6 +25,9 @@ from specbench.kernels.ancestor_mask import ancestor_mask
 from specbench.kernels.masks import ancestor_masks
 from specbench.kernels.select_top import ONE_PROGRAM_MAX_NODES, select_top
 from specbench.trees.base import DraftTree, select_top_scores, select_top_scores_ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_variants import graph_us_per_call  # noqa: E402
 
 
 def random_tree(n: int, max_back: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,27 +42,7 @@ def random_tree(n: int, max_back: int, g: torch.Generator) -> tuple[torch.Tensor
 
 def graph_time(fn: Callable[[], object], repeats: int, inner: int) -> float:
     """Microseconds per call of `fn`, replayed from a CUDA graph of `inner` calls (median of `repeats`)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / inner)
-    return statistics.median(times)
+    return graph_us_per_call(lambda: [fn() for _ in range(inner)], inner, repeats)
 
 
 def main() -> None:

@@ -45,7 +45,8 @@ def _beam_step_kernel(Tok, Lp, Beam, OutTok, OutScore, NextPar, NextBeam, FK, K,
         blp = tl.load(Lp + bf * stride_lp + bc, mask=take, other=0.0).to(tl.float32)
         tl.store(NextBeam + j, tl.load(Beam + bf, mask=take, other=0.0) + tl.minimum(blp, 0.0), mask=take)
         kk = tl.arange(0, K_PAD)
-        tl.store(NextPar + j[:, None] * K + kk[None, :], (place + COUNT).to(tl.int64)[:, None] + 0 * kk[None, :],
+        ids = tl.broadcast_to((place + COUNT).to(tl.int64)[:, None], (best.shape[0], K_PAD))  # each beam's id, k times
+        tl.store(NextPar + j[:, None] * K + kk[None, :], ids,
                  mask=take[:, None] & (kk < K)[None, :])
 
 
