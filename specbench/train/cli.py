@@ -16,7 +16,8 @@ prompts held out for validation. Interrupt and rerun the same command to resume 
 Heads: `--drafter` entries are objective names or LABEL=OBJECTIVE (several heads of one objective);
 `--head-arg [LABEL:]KEY=VALUE` sets an objective option; `--grid [LABEL:]KEY=V1,V2` adds one head per
 value beside each head (one factor at a time), labelled <label>-<key><value>; `--init-heads DIR` starts a
-fresh run's heads from trained checkpoints (e.g. specbench/heads: the shipped heads trained on).
+fresh run's heads from trained checkpoints (e.g. specbench/heads: the shipped heads trained on); with
+`--head-arg num_layers=N` above the checkpoint's, a draft head grows, its added layers starting as identity maps.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "(half the bytes), or fp32")
     h.add_argument("--init-heads", default=None, metavar="DIR",
                    help="a fresh run starts each head from the checkpoint DIR/LABEL or DIR/<drafter>-<target> (e.g. "
-                        "specbench/heads: train the shipped heads on); weights only, the optimizer and schedule start anew")
+                        "specbench/heads: train the shipped heads on); weights only, the optimizer and schedule start anew; a draft "
+                        "head with fewer layers than --head-arg num_layers grows (its added layers start as identity maps)")
     h.add_argument("--no-tf32", action="store_true", help="on CUDA, keep the heads' fp32 matmuls off TF32 tensor cores")
     h.add_argument("--autocast", default="none", metavar="none|bf16|LABEL,...",
                    help="run the heads' training forward under bf16 autocast: none, bf16 (every head) or these heads "

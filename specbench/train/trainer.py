@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 from torch import Tensor
 
+from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.checkpoint import load_head, save_head
 from specbench.models.target import TargetModel
 from specbench.train.objective import HeadObjective, Metrics, TargetBatch, read_metrics
@@ -348,7 +349,9 @@ class Trainer:
         """Start the named heads from trained checkpoints (e.g. the shipped heads, to train them on
         where an earlier run's state is gone): the weights only, dequantized to fp32; the optimizer
         moments, step and schedule start fresh (its warm-up re-warms). The architecture must match:
-        the saved head config, its training settings aside, equals this objective's."""
+        the saved head config, its training settings aside, equals this objective's, except that a
+        draft head with fewer layers grows into a deeper one (`DraftHead.load_grown`: the added
+        layers start as identity maps, so the run starts from the saved head's drafts)."""
         if self.step:
             raise ValueError(f"init_heads starts a fresh run: this one is at step {self.step}")
         for name, directory in sources.items():
@@ -356,8 +359,14 @@ class Trainer:
             state, saved = load_head(directory, self.target, dtype=torch.float32)
             want = {k: v for k, v in obj.head_config().items() if k != "train"}
             have = {k: v for k, v in saved.items() if k != "train"}
+            diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+            grow = (diff == ["num_layers"] and isinstance(obj.head, DraftHead)
+                    and int(have["num_layers"]) < int(want["num_layers"]))
+            if grow:
+                obj.head.load_grown(state, int(have["num_layers"]))
+                self.init_sources[name] = f"{directory} (grown from {have['num_layers']} to {want['num_layers']} layers)"
+                continue
             if want != have:
-                diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
                 raise ValueError(f"--init-heads: the head in {str(directory)!r} differs from the {name!r} head this run "
                                  f"builds in {diff} ({ {k: have.get(k) for k in diff} } vs { {k: want.get(k) for k in diff} }):"
                                  f" set them with --head-arg {name}:KEY=VALUE")

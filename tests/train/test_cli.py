@@ -177,6 +177,53 @@ def test_init_heads_starts_a_fresh_run_from_trained_heads(tmp_path, capsys) -> N
     assert "resumed at step 2" in err and "heads start from" not in err
 
 
+def test_init_heads_grows_a_shallower_head_without_changing_its_drafts(tmp_path) -> None:
+    """--init-heads with --head-arg num_layers=2 on 1-layer checkpoints: the saved layer is the first, the added
+    one starts as an identity map (zero wo and w_down), so the grown head's loss on a batch equals the saved
+    head's; one step moves the added layer; growing into fewer layers is refused naming the flag."""
+    import torch
+
+    from specbench.models import load_target
+    from specbench.train.cli import build_objectives, init_sources, parse_drafters
+    from specbench.train.sequences import TrainingSequence
+    from specbench.train.trainer import TrainConfig, Trainer, target_batch
+
+    first = tmp_path / "first"
+    assert main(ARGS + ["--out", str(first), "--steps", "2"]) == 0
+    target = load_target("random:tiny-llama")
+    labels = parse_drafters("dflash,jetspec-tree")
+    seqs = [TrainingSequence(prompt=[1, 2, 3, 4], response=list(range(5 + i, 14 + i))) for i in range(3)]
+
+    def trainer_for(layers: int, out: str) -> Trainer:
+        settings = parse_head_args(["block_size=4", "anchors=3", f"num_layers={layers}"], list(labels))
+        objectives = build_objectives(target, labels, settings)
+        t = Trainer(target, objectives, seqs, TrainConfig(batch_size=3, steps=2, lr=1e-3), tmp_path / out)
+        t.init_heads(init_sources(first / "heads", objectives, target))
+        return t
+
+    flat, deep = trainer_for(1, "flat"), trainer_for(2, "deep")
+    assert "grown from 1 to 2 layers" in deep.init_sources["dflash"]
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    batch = target_batch(target, tokens, valid, valid.clone(), flat.taps)
+    for name in labels:
+        head = deep.objectives[name].head
+        assert not head.layers[1].attn.wo.weight.any() and not head.layers[1].mlp.w_down.weight.any()
+        assert head.layers[1].attn.wqkv.weight.abs().sum() > 0  # the rest keeps its init: gradients can flow
+        want, _ = flat.objectives[name].loss(batch, torch.Generator().manual_seed(0))
+        got, _ = deep.objectives[name].loss(batch, torch.Generator().manual_seed(0))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    deep.train_step()
+    assert deep.objectives["dflash"].head.layers[1].attn.wo.weight.any()
+
+    three = tmp_path / "three"
+    assert main(ARGS + ["--out", str(three), "--steps", "1", "--head-arg", "num_layers=3"]) == 0
+    objectives = build_objectives(target, labels, parse_head_args(["block_size=4", "anchors=3", "num_layers=2"], list(labels)))
+    shrink = Trainer(target, objectives, seqs, TrainConfig(batch_size=3, steps=2), tmp_path / "shrink")
+    with pytest.raises(ValueError, match="num_layers.*--head-arg dflash:"):
+        shrink.init_heads(init_sources(three / "heads", objectives, target))
+
+
 def test_validation_needs_shard_zero(tmp_path, capsys) -> None:
     """The held-out prompts are the plan's first, in shard 0: a corpus without it is refused, naming the
     flags, rather than training with no validation at all."""

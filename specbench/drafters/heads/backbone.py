@@ -110,6 +110,25 @@ class DraftHead(nn.Module):
         self.mask_embedding.copy_(emb_std * torch.randn(self.mask_embedding.shape, generator=g))
         return self
 
+    @torch.no_grad()
+    def load_grown(self, state: dict[str, Tensor], saved_layers: int) -> None:
+        """Load a trained head with fewer layers (`saved_layers`) into this deeper one, preserving its function
+        (docs/training_at_scale.md, "Growing a head"): the saved layers become the first ones and every
+        added layer keeps its fresh init except its two output projections (attention's wo, the MLP's w_down),
+        zeroed, so the layer adds nothing to the residual stream and this head drafts exactly what the saved
+        one did. Their gradients are not zero, so training moves the added layers off the identity."""
+        if not 1 <= saved_layers < self.config.num_layers:
+            raise ValueError(f"growing needs fewer saved layers than this head's {self.config.num_layers}, got {saved_layers}")
+        added = tuple(f"layers.{i}." for i in range(saved_layers, self.config.num_layers))
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        wrong = [k for k in missing if not k.startswith(added)]
+        if wrong or unexpected:
+            raise ValueError(f"the saved head is not this head with {saved_layers} layers: missing {wrong}, "
+                             f"unexpected {list(unexpected)}")
+        for layer in self.layers[saved_layers:]:
+            layer.attn.wo.weight.zero_()
+            layer.mlp.w_down.weight.zero_()
+
     # ---- pieces ----------------------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:
