@@ -126,12 +126,12 @@ class SelfDrafter(Drafter):
                 pending = torch.tensor(state.tokens[self.fed:], dtype=torch.long, device=self.target.device)
                 logits = self._step(pending, self.fed)
                 self.fed = len(state.tokens)
-                return torch.log_softmax(logits.float(), -1)[None]  # [1, V]
+                return torch.log_softmax(logits, -1, dtype=torch.float32)[None]  # [1, V]
             sub, rows = frontier_subtree(tree, frontier)  # the frontier's root paths; K/V are scratch
             out = self.target.forward(sub.tokens[1:][None], (base + sub.depth[1:])[None], self.cache,
                                       sub.ancestor_mask[1:, 1:][None], (), logits_rows=rows - 1,
                                       num_layers=self.layers, kv_len=self.fed + sub.num_nodes - 1)
-            return torch.log_softmax(out.logits[0].float(), -1)  # [F, V]
+            return torch.log_softmax(out.logits[0], -1, dtype=torch.float32)  # [F, V]
 
         self.appended = 0
         return grow_tree(policy, state.anchor, expand, budget, budget, self.target.device)

@@ -176,7 +176,7 @@ class Eagle3Drafter(Drafter):
         h = self.head(self._embed(tokens)[None], self.head.fuse(features)[None], positions,
                       self.cache.k[0], self.cache.v[0], positions, meta, attend, self.target.model.ops)  # [1, m, d]
         last = torch.index_select(h[0], 0, count - 1, out=self.hidden_rows[0:1])  # [1, d]
-        torch.log_softmax(self.head.logits(last, self.target.model.ops).float(), -1, out=self.root_logp[None])
+        torch.log_softmax(self.head.logits(last, self.target.model.ops), -1, dtype=torch.float32, out=self.root_logp[None])
         self.cache.advance_device(count)
 
     def _causal(self, m: int, keep: bool = True) -> tuple[Tensor, Tensor | None]:
@@ -231,7 +231,7 @@ class Eagle3Drafter(Drafter):
         self.hidden_rows[new] = h
         self.rows += f
         self.passes += 1
-        return rows, F.log_softmax(logits.float(), dim=-1)
+        return rows, F.log_softmax(logits, dim=-1, dtype=torch.float32)  # the fp32 cast inside the kernel: one launch a depth
 
     @property
     def _triton(self) -> bool:
