@@ -60,8 +60,9 @@
 #   profile  scripts/profile_round.py --kernels for PROFILE_CONFIGS (PROFILE_ARGS: its drafter args; PROFILE_END_S)
 #   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S; ROUNDS_ARGS:
 #            study overrides, e.g. "drafters=[ngram] trees=[ddtree] budgets=[16,64] tree_args={}": the ngram rows only)
-#   newrounds  the heads in NEW_HEADS (default the int4 phase's) installed as the shipped ones of this copy, then the round
-#            table with NEWROUNDS_ARGS (default: dflash, jetspec and jetspec-tree at ddtree/64, items 1-5; NEWROUNDS_END_S)
+#   newrounds  the heads in NEW_HEADS (default the int4 phase's) installed as the shipped ones of this copy, the round
+#            table with NEWROUNDS_ARGS (default: dflash, jetspec and jetspec-tree at ddtree/64, items 1-5; NEWROUNDS_END_S),
+#            then the shipped heads put back
 #   fstable  scripts/foresight_table.py at FS_TREES with FS_CONFIGS (JPP_HEAD, default the shipped head; FS_CAL: a
 #            calibration file for the foresight scores; FS_ARGS more flags, e.g. "--J 0 --R 0" (no refinement, no refresh), with FS_TAG naming
 #            their files; or FS_VARIANTS="TAG|CONFIGS|ARGS;..." several such runs per tree, e.g.
@@ -413,10 +414,13 @@ phase_rounds() {
   bundle pack rounds rounds --spool $SPOOL --base $P
 }
 
-phase_newrounds() {  # e.g. grown heads' speed before they ship: specbench/heads/<drafter>-$TARGET replaced in this copy
-  local R=$P/newrounds src=${NEW_HEADS:-$P/int4} h; mkdir -p $R
+phase_newrounds() {  # e.g. grown heads' speed before they ship: specbench/heads/<drafter>-$TARGET replaced for the
+  # round table, the shipped ones put back after it (the phases after this one, and a checkout, keep them)
+  local R=$P/newrounds src=${NEW_HEADS:-$P/int4} h; mkdir -p $R/shipped
   for h in $(ls $src); do
-    [ -f $src/$h/config.json ] && rm -rf specbench/heads/$h-$TARGET && cp -r $src/$h specbench/heads/$h-$TARGET && echo "installed $h" >> $R/installed.txt
+    [ -f $src/$h/config.json ] || continue
+    [ -d specbench/heads/$h-$TARGET ] && cp -r specbench/heads/$h-$TARGET $R/shipped/
+    rm -rf specbench/heads/$h-$TARGET && cp -r $src/$h specbench/heads/$h-$TARGET && echo "installed $h" >> $R/installed.txt
   done
   log "round table on $(cat $R/installed.txt 2>/dev/null | tr '\n' ' ')from $src"
   timeout $(left ${NEWROUNDS_END_S:-600}) python3 -m specbench.cli run experiments/round_table.py --device $DEVICE --dtype $DTYPE \
@@ -426,6 +430,8 @@ phase_newrounds() {  # e.g. grown heads' speed before they ship: specbench/heads
   python3 -m specbench.cli table $R/round_table/results.jsonl --rows drafter,drafter_args,tree,budget,tree_args --cols dataset \
     --value tau,decode_tok_s,speedup_decode,draft_ms,tree_ms,verify_forward_ms,verify_ms,commit_ms,round_ms,overhead_frac \
     > $R/stages.txt 2>&1; head -40 $R/stages.txt
+  for h in $(ls $R/shipped); do rm -rf specbench/heads/$h && cp -r $R/shipped/$h specbench/heads/$h; done
+  rm -rf $R/shipped
   bundle pack newrounds newrounds --spool $SPOOL --base $P
 }
 
