@@ -95,6 +95,8 @@ def build_drafter(name: str, target: Any, draft_vocab: int) -> Any:
 def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iterator[None]:
     """Every CPU/CUDA divergence of the round shadowed by its CUDA path (module docstring)."""
     from specbench.drafters import ngram
+    from specbench.drafters.eagle3 import drafter as eagle3_drafter
+    from specbench.kernels.frontier_rows import frontier_rows
     from specbench.kernels import ngram_trie, reference, tree_attention
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
@@ -130,6 +132,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (ranking, "ranked_topk_checked", shadow(ranking.ranked_topk_checked, ranked_topk_triton)),
         (ranking, "ranked_topk_sorted", shadow(sort_ops, sorted_on_cuda)),
         (grow, "beam_step_ops", shadow(grow.beam_step_ops, grow.beam_step_kernel)),  # eagle2's depth after its top-k
+        (eagle3_drafter, "frontier_rows_ops", shadow(eagle3_drafter.frontier_rows_ops, frontier_rows)),  # eagle3's depth before
         (base, "device_ancestor_masks", shadow(base.ancestor_masks, lambda parents, depth: ancestor_mask(parents))),
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),
                                        functools.partial(vectorised.accept_packed, use_kernel=True))),

@@ -302,10 +302,12 @@ class Eagle3Drafter(Drafter):
             return self.root_logp[None]
         if tree.num_nodes > ROW_CAPACITY:
             raise RuntimeError(f"eagle3: a tree of more than {ROW_CAPACITY} candidates; lower the budget or tree width")
-        parent_rows = self.node_rows[tree.parents[frontier]]  # node 0 -> row 0 (the root)
-        rows, logp = self.run_nodes(tree.tokens[frontier], parent_rows, self.passes)
-        self.node_rows[frontier] = rows
-        return logp
+        # the frontier's parents' rows (node 0 -> row 0, the root) and tokens; the rows run_nodes gives the frontier
+        rows_of = frontier_rows_ops
+        if frontier.is_cuda:  # one launch for the four ops
+            from specbench.kernels.frontier_rows import frontier_rows as rows_of
+        parent_rows, tokens = rows_of(frontier, tree.parents, tree.tokens, self.node_rows, self.rows + 1)
+        return self.run_nodes(tokens, parent_rows, self.passes)[1]
 
     def _draft_chain(self, state: DraftState, anchor: Tensor, logp: Tensor, budget: int) -> DraftTree:
         """One node per pass; tokens stay on the device (no host read) unless sampling."""
@@ -343,6 +345,15 @@ class _RankedExpand:
 
     def ranked(self, tree: DraftTree, frontier: Tensor, k: int) -> tuple[Tensor, Tensor]:
         return self.drafter.expand_ranked(tree, frontier, k)
+
+
+def frontier_rows_ops(frontier: Tensor, parents: Tensor, tokens: Tensor, node_rows: Tensor, first: int) -> tuple[Tensor, Tensor]:
+    """The rows of the frontier nodes' parents, node_rows[parents[frontier]] [F], and their tokens [F]; records
+    the rows the next head pass gives the frontier, node_rows[frontier] = first .. first + F - 1. Tensor ops on
+    any device: the reference of `kernels.frontier_rows` (one launch on CUDA)."""
+    parent_rows, out_tokens = node_rows[parents[frontier]], tokens[frontier]
+    node_rows[frontier] = torch.arange(first, first + frontier.numel(), device=node_rows.device)
+    return parent_rows, out_tokens
 
 
 def _shipped_head_dir(target: TargetModel) -> Path:
