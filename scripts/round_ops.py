@@ -122,6 +122,12 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         """Where the CPU sorts a row, CUDA's kernel past `CUDA_SORT_MAX_WIDTH` (eagle3's draft rows)."""
         return ranked_topk_triton(x, k) if x.shape[-1] > ranking.CUDA_SORT_MAX_WIDTH else sort_ops(x, k)
 
+    def ranked_on_cuda(x, k, id_map=None):  # type: ignore[no-untyped-def]
+        """`ranking.ranked_topk` on CUDA for eagle3's mapped rows: the id map inside the kernel's launch."""
+        if x.shape[-1] > ranking.CUDA_SORT_MAX_WIDTH:
+            return ranked_topk_triton(x, min(int(k), x.shape[-1]), id_map=id_map)
+        return ranking.ranked_topk(x, k, id_map=id_map)
+
     pairs: list[tuple[Any, str, Any]] = [
         (model, "ops", decoder.LayerOps(*(shadow(getattr(ref, f), getattr(ops, f)) for f in
                                           ("norm", "qkv_rope", "silu_mul", "add_rmsnorm_linear", "add_rmsnorm_mlp",
@@ -132,6 +138,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (ranking, "ranked_topk_checked", shadow(ranking.ranked_topk_checked, ranked_topk_triton)),
         (ranking, "ranked_topk_sorted", shadow(sort_ops, sorted_on_cuda)),
         (grow, "beam_step_ops", shadow(grow.beam_step_ops, grow.beam_step_kernel)),  # eagle2's depth after its top-k
+        (eagle3_drafter, "ranked_topk", shadow(ranking.ranked_topk, ranked_on_cuda)),  # d2t in the top-k's launch
         (eagle3_drafter, "frontier_rows_ops", shadow(eagle3_drafter.frontier_rows_ops, frontier_rows)),  # eagle3's depth before
         (base, "device_ancestor_masks", shadow(base.ancestor_masks, lambda parents, depth: ancestor_mask(parents))),
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),

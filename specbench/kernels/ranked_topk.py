@@ -36,20 +36,23 @@ ONE_PASS_MAX = 4096  # rows up to this wide: one program a row, one launch (the 
 
 
 @triton.jit
-def _write_ranked(best, X, OutVal, OutIdx, row, K, stride_x):
-    """The k best of `best` (keys, descending) as ids (the complemented low half back) and their values read
-    from the input row (as stored)."""
+def _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP: tl.constexpr):
+    """The k best of `best` (keys, descending) as ids (the complemented low half back; through IdMap where
+    HAS_MAP) and their values read from the input row (as stored)."""
     j = tl.arange(0, best.shape[0])
     idx = 0xFFFFFFFF - (best & 0xFFFFFFFF)
     take = j < K
     val = tl.load(X + row * stride_x + idx, mask=take, other=0.0).to(tl.float32)
-    tl.store(OutIdx + row * K + j, idx, mask=take)
+    if HAS_MAP:
+        tl.store(OutIdx + row * K + j, tl.load(IdMap + idx, mask=take, other=0), mask=take)
+    else:
+        tl.store(OutIdx + row * K + j, idx, mask=take)
     tl.store(OutVal + row * K + j, val, mask=take)
 
 
 @triton.jit
-def _chunk_kernel(X, Cand, OutVal, OutIdx, V, K, stride_x, NC, CH: tl.constexpr, KP: tl.constexpr,
-                  USE_TOPK: tl.constexpr, FINAL: tl.constexpr):
+def _chunk_kernel(X, Cand, OutVal, OutIdx, IdMap, V, K, stride_x, NC, CH: tl.constexpr, KP: tl.constexpr,
+                  USE_TOPK: tl.constexpr, FINAL: tl.constexpr, HAS_MAP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CH + tl.arange(0, CH)
@@ -58,15 +61,15 @@ def _chunk_kernel(X, Cand, OutVal, OutIdx, V, K, stride_x, NC, CH: tl.constexpr,
     keys = tl.where(ok, _order_key(x, offs), tl.full([CH], -9223372036854775808, tl.int64))  # [CH]
     best = _best(keys, KP, USE_TOPK)
     if FINAL:  # the whole row in this one program (NC == 1): the result directly
-        _write_ranked(best, X, OutVal, OutIdx, row, K, stride_x)
+        _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP)
     else:
         j = tl.arange(0, best.shape[0])
         tl.store(Cand + (row * NC + chunk) * KP + j, best, mask=j < KP)
 
 
 @triton.jit
-def _merge_kernel(Cand, Out, X, OutVal, OutIdx, M, NC_OUT, K, stride_x,
-                  CH: tl.constexpr, KP: tl.constexpr, FINAL: tl.constexpr, USE_TOPK: tl.constexpr):
+def _merge_kernel(Cand, Out, X, OutVal, OutIdx, IdMap, M, NC_OUT, K, stride_x,
+                  CH: tl.constexpr, KP: tl.constexpr, FINAL: tl.constexpr, USE_TOPK: tl.constexpr, HAS_MAP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CH + tl.arange(0, CH)
@@ -74,15 +77,16 @@ def _merge_kernel(Cand, Out, X, OutVal, OutIdx, M, NC_OUT, K, stride_x,
     best = _best(keys, KP, USE_TOPK)
     j = tl.arange(0, best.shape[0])
     if FINAL:
-        _write_ranked(best, X, OutVal, OutIdx, row, K, stride_x)
+        _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP)
     else:
         tl.store(Out + (row * NC_OUT + chunk) * KP + j, best, mask=j < KP)
 
 
 def ranked_topk_triton(x: Tensor, k: int, chunk: int | None = None, use_topk: bool | None = None,
-                       merge_max: int = MERGE_MAX) -> tuple[Tensor, Tensor]:
+                       merge_max: int = MERGE_MAX, id_map: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(values [R, k] float32, ids [R, k] int64): the k best entries of each row of x [R, V] by (value desc,
-    id asc), -0.0 ranked as +0.0 (values come back as stored). `chunk`: entries per program of the chunk
+    id asc), -0.0 ranked as +0.0 (values come back as stored); `id_map` [V] (int64): the ids come back as
+    id_map[ids], in the same launch (eagle3's draft -> target vocabulary). `chunk`: entries per program of the chunk
     pass (a power of two >= the padded k; default: the whole row up to ONE_PASS_MAX, else CHUNK); a row in
     one chunk is ranked in one launch. `use_topk`: rank with `tl.topk` (default: where Triton has it)
     instead of a full `tl.sort`; `merge_max`: candidates per program of a merge pass (a power of two)."""
@@ -104,25 +108,30 @@ def ranked_topk_triton(x: Tensor, k: int, chunk: int | None = None, use_topk: bo
         raise ValueError(f"chunk and merge_max must be powers of two, got {chunk}, {merge_max}")
     topk = hasattr(tl, "topk") if use_topk is None else use_topk
     dev = x.device
+    has_map = id_map is not None
+    if has_map and (id_map.shape != (vocab,) or id_map.dtype != torch.int64 or id_map.device != dev):  # type: ignore[union-attr]
+        raise ValueError(f"id_map must be an int64 [{vocab}] tensor on {dev}, got {id_map.dtype} "  # type: ignore[union-attr]
+                         f"{tuple(id_map.shape)} on {id_map.device}")  # type: ignore[union-attr]
+    id_map = id_map.contiguous() if has_map else x  # type: ignore[union-attr]  # (a pointer the kernel never reads)
     vals = torch.empty(rows, k, dtype=torch.float32, device=dev)
     ids = torch.empty(rows, k, dtype=torch.int64, device=dev)
     nc = triton.cdiv(vocab, ch)
     warps = 4 if ch <= 2048 else 8
     if nc == 1:  # one program a row: ranked in this launch
-        _chunk_kernel[(rows, 1)](x, ids, vals, ids, vocab, k, x.stride(0), 1, CH=ch, KP=kp, USE_TOPK=topk, FINAL=True,
-                                 num_warps=warps)
+        _chunk_kernel[(rows, 1)](x, ids, vals, ids, id_map, vocab, k, x.stride(0), 1, CH=ch, KP=kp, USE_TOPK=topk,
+                                 FINAL=True, HAS_MAP=has_map, num_warps=warps)
         return vals, ids
     cand = torch.empty(rows, nc * kp, dtype=torch.int64, device=dev)
-    _chunk_kernel[(rows, nc)](x, cand, vals, ids, vocab, k, x.stride(0), nc, CH=ch, KP=kp, USE_TOPK=topk, FINAL=False,
-                              num_warps=warps)
+    _chunk_kernel[(rows, nc)](x, cand, vals, ids, id_map, vocab, k, x.stride(0), nc, CH=ch, KP=kp, USE_TOPK=topk,
+                              FINAL=False, HAS_MAP=has_map, num_warps=warps)
     m = nc * kp
     while m > merge:  # another round of chunks over the candidates
         nc_out = triton.cdiv(m, merge)
         out = torch.empty(rows, nc_out * kp, dtype=torch.int64, device=dev)
-        _merge_kernel[(rows, nc_out)](cand, out, x, vals, ids, m, nc_out, k, x.stride(0),
-                                      CH=merge, KP=kp, FINAL=False, USE_TOPK=topk, num_warps=4 if merge <= 2048 else 8)
+        _merge_kernel[(rows, nc_out)](cand, out, x, vals, ids, id_map, m, nc_out, k, x.stride(0), CH=merge, KP=kp,
+                                      FINAL=False, USE_TOPK=topk, HAS_MAP=has_map, num_warps=4 if merge <= 2048 else 8)
         cand, m = out, nc_out * kp
     mp = max(kp, triton.next_power_of_2(m))
-    _merge_kernel[(rows, 1)](cand, cand, x, vals, ids, m, 1, k, x.stride(0),
-                             CH=mp, KP=kp, FINAL=True, USE_TOPK=topk, num_warps=4 if mp <= 2048 else 8)
+    _merge_kernel[(rows, 1)](cand, cand, x, vals, ids, id_map, m, 1, k, x.stride(0), CH=mp, KP=kp,
+                             FINAL=True, USE_TOPK=topk, HAS_MAP=has_map, num_warps=4 if mp <= 2048 else 8)
     return vals, ids

@@ -49,7 +49,7 @@ def top_indices(values: Tensor, k: int) -> Tensor:
     return torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
 
 
-def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def ranked_topk(x: Tensor, k: int, id_map: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(values [R, k] float32, indices [R, k] int64): the k largest entries of each row of x [R, V],
     value descending, equal values by lower index. Exact on every device.
 
@@ -59,7 +59,8 @@ def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     and a stable sort of a 4,096-wide row was ~20 us. Narrower rows (a tree's nodes), and rows up to
     `SORT_MAX_WIDTH` elsewhere: one stable sort, two kernels. Wider rows on the CPU: a float top-k plus
     tie checks on the k+1 kept values (packing keys over a whole vocabulary costs several passes there);
-    elsewhere one top-k over packed keys.
+    elsewhere one top-k over packed keys. `id_map` [V]: the indices come back as id_map[indices] (on CUDA
+    in the kernel's launch: eagle3's draft ids -> target ids).
     """
     if x.dim() != 2:
         raise ValueError(f"ranked_topk expects a 2-D [rows, vocab] tensor, got shape {tuple(x.shape)}")
@@ -67,13 +68,15 @@ def ranked_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if x.shape[-1] > CUDA_SORT_MAX_WIDTH and x.is_cuda and k >= 1:  # the kernel reads bf16 itself: no float copy
         from specbench.kernels.ranked_topk import ranked_topk_triton
 
-        return ranked_topk_triton(x, k)
+        return ranked_topk_triton(x, k, id_map=id_map)
     x = x.float()
     if x.shape[-1] <= SORT_MAX_WIDTH:
-        return ranked_topk_sorted(x, k)
-    if x.device.type == "cpu" and x.shape[-1] > CPU_KEYS_MAX_WIDTH:
-        return ranked_topk_checked(x, k)
-    return ranked_topk_keys(x, k)
+        vals, idx = ranked_topk_sorted(x, k)
+    elif x.device.type == "cpu" and x.shape[-1] > CPU_KEYS_MAX_WIDTH:
+        vals, idx = ranked_topk_checked(x, k)
+    else:
+        vals, idx = ranked_topk_keys(x, k)
+    return vals, (idx if id_map is None else id_map[idx])
 
 
 def ranked_topk_sorted(x: Tensor, k: int) -> tuple[Tensor, Tensor]:

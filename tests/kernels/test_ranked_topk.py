@@ -77,6 +77,21 @@ def test_equals_the_packed_key_and_checked_paths(device) -> None:
         assert torch.equal(got[1].cpu(), ids) and torch.equal(got[0].cpu(), vals)
 
 
+@pytest.mark.parametrize("vocab, k, chunk", [(4096, 10, None), (1500, 16, 256), (700, 700, None)])
+def test_an_id_map_returns_mapped_ids_in_the_same_ranking(device, vocab, k, chunk) -> None:
+    """`id_map` (eagle3's d2t: increasing draft -> target ids): the ids come back mapped, in the one-launch
+    and the multi-pass paths, and `trees.ranking.ranked_topk` maps the same way on every path."""
+    x = _rows(3, vocab, seed=vocab + 7)
+    g = torch.Generator().manual_seed(vocab)
+    id_map = torch.sort(torch.randperm(5 * vocab, generator=g)[:vocab]).values  # [V] increasing, int64
+    vals, ids = ranked_topk_triton(x.to(device), k, chunk=chunk, id_map=id_map.to(device))
+    want_vals, want_ids = ranked_topk_reference(x, k)
+    assert torch.equal(ids.cpu(), id_map[want_ids]) and torch.equal(vals.cpu(), want_vals)
+    for row_device in {x.device, torch.device(device)}:
+        got_vals, got_ids = ranked_topk(x.to(row_device), k, id_map=id_map.to(row_device))
+        assert torch.equal(got_ids.cpu(), id_map[want_ids]) and torch.equal(got_vals.cpu(), want_vals)
+
+
 def test_bad_arguments_fail_clearly(device) -> None:
     x = torch.zeros(2, 10, device=device)
     with pytest.raises(ValueError, match="k must be in"):
@@ -85,6 +100,8 @@ def test_bad_arguments_fail_clearly(device) -> None:
         ranked_topk_triton(x[0], 3)
     with pytest.raises(ValueError, match="powers of two"):
         ranked_topk_triton(x, 3, chunk=96)
+    with pytest.raises(ValueError, match="id_map must be an int64 \\[10\\]"):
+        ranked_topk_triton(x, 3, id_map=torch.arange(9, device=device))
 
 
 @pytest.mark.gpu

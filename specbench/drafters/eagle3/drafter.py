@@ -291,8 +291,8 @@ class Eagle3Drafter(Drafter):
             logp = self.to_target_logp(logp)
             vals, idx = ranked_topk(logp, k)
             return idx, vals
-        vals, idx = ranked_topk(logp, k)
-        return self.head.d2t[idx], vals
+        vals, tokens = ranked_topk(logp, k, id_map=self.head.d2t)  # target ids (on CUDA in the top-k's launch)
+        return tokens, vals
 
     def draft_logp(self, tree: DraftTree, frontier: Tensor) -> Tensor:
         """Child log-probs over the draft vocabulary [F, K] of the frontier nodes of `tree` (one head pass;
