@@ -97,6 +97,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
     from specbench.drafters import ngram
     from specbench.drafters.eagle3 import drafter as eagle3_drafter
     from specbench.kernels.frontier_rows import frontier_rows
+    from specbench.kernels.node_inputs import node_inputs
     from specbench.kernels import ngram_trie, reference, tree_attention
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
@@ -139,6 +140,8 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (ranking, "ranked_topk_sorted", shadow(sort_ops, sorted_on_cuda)),
         (grow, "beam_step_ops", shadow(grow.beam_step_ops, grow.beam_step_kernel)),  # eagle2's depth after its top-k
         (eagle3_drafter, "ranked_topk", shadow(ranking.ranked_topk, ranked_on_cuda)),  # d2t in the top-k's launch
+        (eagle3_drafter, "node_inputs_ops", shadow(eagle3_drafter.node_inputs_ops,  # a head pass's inputs
+                                                   lambda *a, norm=None: node_inputs(*a))),
         (eagle3_drafter, "frontier_rows_ops", shadow(eagle3_drafter.frontier_rows_ops, frontier_rows)),  # eagle3's depth before
         (base, "device_ancestor_masks", shadow(base.ancestor_masks, lambda parents, depth: ancestor_mask(parents))),
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),

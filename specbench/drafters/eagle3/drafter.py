@@ -23,6 +23,8 @@ the processed draft law instead.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,6 +35,7 @@ from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState, Weights
 from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers
 from specbench.kernels.masks import pack_tree_mask
+from specbench.kernels.reference import rmsnorm_reference
 from specbench.models.decoder import AttentionFn, AttentionMeta, ForwardOutput, KVCache, is_triton_backend, sdpa_attention
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
@@ -216,17 +219,24 @@ class Eagle3Drafter(Drafter):
             raise RuntimeError(f"eagle3: a round of more than {ROW_CAPACITY} draft entries; lower the budget or tree width")
         new = slice(first, first + f)
         rows = self.row_ids[new]  # [F]: a view of the static table
+        ops = self.target.model.ops
         if self._triton:  # the packed mask only: the parents' ancestors and itself
-            bits = torch.bitwise_or(self.visible_bits[parent_rows], self.own_bits[new],
-                                    out=self.visible_bits[new])  # [F, W]
-            meta, attend = self._bits_attention(bits, f, first + f - 1)
+            inputs_of = functools.partial(node_inputs_ops, norm=ops.norm)
+            if tokens.is_cuda:  # one launch for the seven ops
+                from specbench.kernels.node_inputs import node_inputs as inputs_of
+            head = self.head
+            x_in, hidden = inputs_of(tokens, parent_rows, self.target.model.embed.weight, self.hidden_rows,
+                                     head.embed_norm.weight, head.hidden_norm.weight, head.embed_norm.eps,
+                                     self.visible_bits, self.own_bits, first)  # [F, 2d], [F, d]; bits[new] written
+            meta, attend = self._bits_attention(self.visible_bits[new], f, first + f - 1)
         else:
             vis = torch.bitwise_or(self.visible[parent_rows], self.eye[new], out=self.visible[new])  # [F, R]
             meta, attend = self._rows_attention(vis, rows, first + f - 1)
+            hidden = self.hidden_rows[parent_rows].to(self.head.fc.weight.dtype)
+            x_in = self.head.node_input(self._embed(tokens), hidden, ops)
         cos, sin = (t[:, depth: depth + 1].expand(1, f, *t.shape[2:]) for t in self.round_rope)  # [1, F, 1, hd] views
-        ops = self.target.model.ops
-        x, delta = self.head.step(self._embed(tokens)[None], self.hidden_rows[parent_rows][None], (cos, sin),
-                                  self.cache.k[0], self.cache.v[0], self.round_slots[new][None], meta, attend, ops)
+        x, delta = self.head.step_normed(x_in[None], hidden[None], (cos, sin), self.cache.k[0], self.cache.v[0],
+                                         self.round_slots[new][None], meta, attend, ops)
         logits, h = self.head.logits_and_hidden(x[0], delta[0], ops)  # [F, K], [F, d]
         self.hidden_rows[new] = h
         self.rows += f
@@ -354,6 +364,20 @@ def frontier_rows_ops(frontier: Tensor, parents: Tensor, tokens: Tensor, node_ro
     parent_rows, out_tokens = node_rows[parents[frontier]], tokens[frontier]
     node_rows[frontier] = torch.arange(first, first + frontier.numel(), device=node_rows.device)
     return parent_rows, out_tokens
+
+
+def node_inputs_ops(tokens: Tensor, parent_rows: Tensor, embed: Tensor, hidden_rows: Tensor, embed_norm: Tensor,
+                    hidden_norm: Tensor, eps: float, bits: Tensor, own_bits: Tensor, first: int,
+                    norm: Callable[..., tuple[Tensor, Tensor]] = rmsnorm_reference) -> tuple[Tensor, Tensor]:
+    """A head pass's inputs over F new nodes (tokens [F], their parents' rows [F]): x [F, 2d] (the token
+    embeddings and the parents' hidden rows, each RMS-normed by `norm` (a `LayerOps.norm`), concatenated) and
+    the parents' hidden rows [F, d]; writes the nodes' packed visibility bits[first + i] = bits[parent_rows[i]]
+    | own_bits[first + i]. Tensor ops on any device: the reference of `kernels.node_inputs` (one launch on CUDA)."""
+    new = slice(first, first + tokens.numel())
+    torch.bitwise_or(bits[parent_rows], own_bits[new], out=bits[new])
+    hidden = hidden_rows[parent_rows]
+    normed = [norm(x, w, eps, None)[0] for x, w in ((F.embedding(tokens, embed), embed_norm), (hidden, hidden_norm))]
+    return torch.cat(normed, dim=-1), hidden
 
 
 def _shipped_head_dir(target: TargetModel) -> Path:

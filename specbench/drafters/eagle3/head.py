@@ -161,10 +161,23 @@ class Eagle3Head(nn.Module):
         """`forward` with the RoPE tables given (cos, sin [B, N, 1, D], e.g. rows of a table computed once
         per round) and the new hidden returned as (x, delta) with x + delta unsummed, so the caller fuses
         the add into the final norm (`logits_and_hidden`)."""
+        hidden = hidden.to(self.fc.weight.dtype)
+        return self.step_normed(self.node_input(embeds, hidden, ops), hidden, rope, k_cache, v_cache, slots, meta,
+                                attend, ops)
+
+    def node_input(self, embeds: Tensor, hidden: Tensor, ops: LayerOps = REFERENCE_OPS) -> Tensor:
+        """The layer's input [..., 2d]: the token embeddings and the hidden rows [..., d], each RMS-normed by
+        its own weight, concatenated (in the head's dtype)."""
         dtype = self.fc.weight.dtype
-        embeds, hidden = embeds.to(dtype), hidden.to(dtype)
+        return torch.cat([_norm(ops, self.embed_norm, embeds.to(dtype)), _norm(ops, self.hidden_norm, hidden.to(dtype))],
+                         dim=-1)
+
+    def step_normed(self, x: Tensor, hidden: Tensor, rope: tuple[Tensor, Tensor], k_cache: Tensor, v_cache: Tensor,
+                    slots: Tensor, meta: AttentionMeta | None, attend: AttentionFn, ops: LayerOps = REFERENCE_OPS
+                    ) -> tuple[Tensor, Tensor]:
+        """`step` from its normed input x [B, N, 2d] (the two norms concatenated) and hidden [B, N, d] in the
+        head's dtype: where a kernel built both (`kernels.node_inputs`)."""
         cos, sin = rope
-        x = torch.cat([_norm(ops, self.embed_norm, embeds), _norm(ops, self.hidden_norm, hidden)], dim=-1)  # [B, N, 2d]
         a = self.attn(x, cos, sin, k_cache, v_cache, slots, meta, attend, ops)  # type: ignore[arg-type]
         normed, h = ops.norm(hidden, self.mlp_norm.weight, self.mlp_norm.eps, a)  # h = hidden + attention
         return h, self.mlp(normed, ops)
