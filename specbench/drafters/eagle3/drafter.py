@@ -337,7 +337,7 @@ class Eagle3Drafter(Drafter):
             tokens.append(d2t[index])
             picked.append(logp[index])
             if depth < budget:
-                parent, child_logp = self.run_nodes(d2t[index], parent, depth)
+                parent, child_logp = self.run_nodes(tokens[-1], parent, depth)
                 logp = child_logp[0]
         tree = DraftTree.chain(anchor, torch.cat(tokens), torch.stack(probs) if probs else None, device=dev)
         tree.scores = torch.cat([logp.new_zeros(1), torch.cumsum(torch.cat(picked), 0)])
