@@ -11,8 +11,10 @@ the H200. Here the same keys are built and ranked on chip:
   merge pass  the best KP of those candidates, repeated while a row has more than MERGE_MAX of them;
               the last one writes the k best ids and their values (read back from the input row)
 
-A row that one program holds whole (up to ONE_PASS_MAX entries: eagle3's 4,096-token draft vocabulary) is
-ranked in one launch: the chunk pass writes the ids and values itself.
+A row that one program holds whole (up to ONE_PASS_MAX entries) is ranked in one launch: the chunk pass writes
+the ids and values itself. eagle3's 4,096-token draft rows are faster in chunks of 1,024 and a merge (H100, in a
+CUDA graph: 6.2-6.5 us against 10.7-10.8 us for one program a row, k = 10-16; `scripts/bench_ranked_topk.py`),
+full-vocabulary rows in chunks of 2,048 (H200: 37.2 us against 41.7 for 1,024 at 15 x 49,152, k = 64).
 
 The keys are unique per id, so "the k largest keys" is one well-defined set in one order: the result
 equals the reference exactly, ties included (tests compare both on rows with many equal values).
@@ -30,9 +32,10 @@ from torch import Tensor
 from specbench.kernels.device import require_kernel_device
 from specbench.kernels.top_b_tree import _best, _order_key
 
-CHUNK = 2048  # entries of a row per program in the chunk pass
+CHUNK = 2048  # entries of a row per program in the chunk pass (rows wider than NARROW_MAX)
+NARROW_MAX, NARROW_CHUNK = 4096, 1024  # rows up to NARROW_MAX wide (a draft vocabulary): chunks of NARROW_CHUNK
 MERGE_MAX = 4096  # candidates one program ranks in a merge pass
-ONE_PASS_MAX = 4096  # rows up to this wide: one program a row, one launch (the default chunk)
+ONE_PASS_MAX = 1024  # rows up to this wide: one program a row, one launch (the default chunk)
 
 
 @triton.jit
@@ -87,7 +90,7 @@ def ranked_topk_triton(x: Tensor, k: int, chunk: int | None = None, use_topk: bo
     """(values [R, k] float32, ids [R, k] int64): the k best entries of each row of x [R, V] by (value desc,
     id asc), -0.0 ranked as +0.0 (values come back as stored); `id_map` [V] (int64): the ids come back as
     id_map[ids], in the same launch (eagle3's draft -> target vocabulary). `chunk`: entries per program of the chunk
-    pass (a power of two >= the padded k; default: the whole row up to ONE_PASS_MAX, else CHUNK); a row in
+    pass (a power of two >= the padded k; default: the whole row up to ONE_PASS_MAX, NARROW_CHUNK up to NARROW_MAX, else CHUNK); a row in
     one chunk is ranked in one launch. `use_topk`: rank with `tl.topk` (default: where Triton has it)
     instead of a full `tl.sort`; `merge_max`: candidates per program of a merge pass (a power of two)."""
     require_kernel_device(x)
@@ -101,7 +104,8 @@ def ranked_topk_triton(x: Tensor, k: int, chunk: int | None = None, use_topk: bo
         x = x.contiguous()
     kp = max(2, triton.next_power_of_2(k))  # tl.topk needs a power of two (and >= 2 on older Triton)
     if chunk is None:
-        chunk = triton.next_power_of_2(vocab) if vocab <= ONE_PASS_MAX else CHUNK
+        chunk = (triton.next_power_of_2(vocab) if vocab <= ONE_PASS_MAX else NARROW_CHUNK if vocab <= NARROW_MAX
+                 else CHUNK)
     ch = max(chunk, kp)
     merge = max(merge_max, 2 * kp)  # a merge pass must shrink its rows
     if ch & (ch - 1) or merge & (merge - 1):

@@ -54,7 +54,7 @@ def ranked_topk(x: Tensor, k: int, id_map: Tensor | None = None) -> tuple[Tensor
     value descending, equal values by lower index. Exact on every device.
 
     On CUDA, rows wider than `CUDA_SORT_MAX_WIDTH` (a draft vocabulary, the whole vocabulary): the packed
-    keys ranked on chip by `specbench.kernels.ranked_topk` (one launch up to 4,096 entries, two beyond; no
+    keys ranked on chip by `specbench.kernels.ranked_topk` (a chunk pass and a merge, two launches; no
     host read: what the GPU round captures), where `torch.topk` over the keys is a multi-pass radix select
     and a stable sort of a 4,096-wide row was ~20 us. Narrower rows (a tree's nodes), and rows up to
     `SORT_MAX_WIDTH` elsewhere: one stable sort, two kernels. Wider rows on the CPU: a float top-k plus
