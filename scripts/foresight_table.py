@@ -14,7 +14,8 @@ verify, plus every stage's mean (stage_NAME_ms). "jetspec++ pipelined" is foresi
 stage_foresight_ms is the main stream's wait for it, the exposed part, and side_foresight_ms its own
 span on the side stream); "jetspec++ pipelined host" is the host round's foresight (drafter_args
 host=true; stage_foresight_ms is then the host time launching the pass). Each configuration is warmed
-up once (CUDA graphs are captured there). `--draft-device cuda:1` puts jetspec++'s draft model on a second GPU (issue 17); `--head` may
+up once (CUDA graphs are captured there). `--draft-device cuda:1` puts jetspec++'s draft model on a second GPU (issue 17; `--draft-copy`: that path with
+both on one device); `--head` may
 be a plain jetspec head with `--states stale|true` when no jetspec++ head exists. "jetspec++ critical"
 is the device round (CUDA-graphed, docs/jetspecpp.md); `--configs ...,jetspec++ host` adds the
 host-driven round (drafter_args host=true) beside it.
@@ -36,6 +37,8 @@ def configs(args: argparse.Namespace) -> dict[str, dict]:
     jpp = {"checkpoint": args.head, "J": args.J, "R": args.R, "states": args.states}
     if args.draft_device:
         jpp["draft_device"] = args.draft_device
+    if args.draft_copy:
+        jpp["draft_copy"] = True
     piped = dict(jpp, foresight="on", B=args.B)
     if args.calibration:
         piped["calibration"] = args.calibration
@@ -109,6 +112,8 @@ def main() -> int:
     p.add_argument("--B", type=int, default=16)
     p.add_argument("--calibration", default=None, help="calibration.json from scripts/foresight_hits.py")
     p.add_argument("--draft-device", default=None, help="jetspec++'s draft model on another device (e.g. cuda:1)")
+    p.add_argument("--draft-copy", action="store_true",
+                   help="the two-device path (the draft model's own weights, transfers) even on the target's device")
     p.add_argument("--tree", default="chain:16", help="POLICY:BUDGET for every drafter")
     p.add_argument("--configs", default="ar,dflash,jetspec,jetspec++ critical,jetspec++ pipelined",
                    help="comma-separated, of: ar, dflash, jetspec, jetspec++ host, jetspec++ critical, jetspec++ pipelined, "
@@ -161,7 +166,8 @@ def run(args: argparse.Namespace, out: Path, rows: list[dict]) -> None:
             kept = keep_median([measure(decoder, ids, args.max_new_tokens) for _ in range(args.repeats)])
             row = {"config": name, "dataset": ds, "id": pid, **kept,
                    "tree": args.tree, "device": args.device, "dtype": args.dtype, "head": args.head, "states": args.states,
-                   "draft_device": args.draft_device, "B": args.B, "calibration": args.calibration}
+                   "draft_device": args.draft_device, "draft_copy": args.draft_copy, "B": args.B,
+                   "calibration": args.calibration}
             if name == "ar":
                 ar_tok_s[(ds, pid)] = row["tok_s"]
             base = ar_tok_s.get((ds, pid))

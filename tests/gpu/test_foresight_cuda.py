@@ -2,7 +2,8 @@
 jetspec++ head ships: the stale / true state sources): the pass on a second stream (concurrent), with
 the verify forward replayed from CUDA graphs, drafts round by round the same trees as the pass run
 inline (sequential), emits the AR greedy tokens, and serves blocks from the cache; the same with the
-draft model on a second GPU when there is one. Run on the device: `python -m pytest -m gpu tests/gpu`."""
+draft model on a second GPU when there is one, and on the two-device path with both devices cuda:0
+(`draft_copy`: its own weights and transfers, issue 17's path on one GPU). Run on the device: `python -m pytest -m gpu tests/gpu`."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ HEAD = "specbench/heads/jetspec-smollm2-135m"
 
 
 def run(target, pipeline: str, draft_device: str | None, states: str, tree: str, budget: int):  # type: ignore[no-untyped-def]
+    copy = draft_device == "copy"  # the two-device path with both devices cuda:0 (its own weights, transfers)
     drafter = JetSpecPPDrafter(target, checkpoint=HEAD, J=1, R=1, states=states, foresight="on", B=16,
-                               pipeline=pipeline, draft_device=draft_device)
+                               pipeline=pipeline, draft_device="cuda:0" if copy else draft_device, draft_copy=copy)
     decoder = SpecDecoder(target, SpecConfig(drafter="jetspec++", tree=tree, budget=budget), max_seq_len=MAX_SEQ_LEN,
                           drafter=drafter)
     tokens, trees = [], []
@@ -35,10 +37,11 @@ def run(target, pipeline: str, draft_device: str | None, states: str, tree: str,
     return tokens, trees, [e["hit"] for e in drafter.foresight.log if e["hit"] is not None]
 
 
-DEVICES = [None] + (["cuda:1"] if torch.cuda.device_count() > 1 else [])
+DEVICES = [None, "copy"] + (["cuda:1"] if torch.cuda.device_count() > 1 else [])
 
 
-@pytest.mark.parametrize("draft_device", DEVICES, ids=[d or "same-gpu" for d in DEVICES])
+@pytest.mark.parametrize("draft_device", DEVICES, ids=[{None: "same-gpu", "copy": "two-device-path-on-cuda0"}.get(d, d)
+                                                       for d in DEVICES])
 @pytest.mark.parametrize("states,tree,budget", [("true", "chain", 15), ("stale", "ddtree", 32)])
 def test_concurrent_foresight_equals_sequential_and_ar(target, ar_tokens, draft_device, states, tree, budget) -> None:
     conc_tokens, conc_trees, conc_hits = run(target, "concurrent", draft_device, states, tree, budget)

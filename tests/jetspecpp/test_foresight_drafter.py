@@ -136,6 +136,25 @@ def test_draft_device_copy_and_transfers(tiny, trained_jpp, ar_tokens) -> None:
         Pipeline(torch.device("cpu"), "concurrent")
 
 
+def test_two_device_path_on_one_device(tiny, trained_jpp, ar_tokens) -> None:
+    """draft_copy=true: the path of a draft model on its own device (its own weights, explicit transfers, the host
+    round), run where both devices are one (issue 17's path on one CPU or one GPU): greedy output equals AR, and it
+    drafts the trees the shared-weights host round drafts."""
+    trees: dict[bool, list] = {}
+    for copy in (True, False):
+        drafter = drafter_from(tiny, trained_jpp, J=1, R=1, foresight="on", draft_copy=copy, host=True,
+                               pipeline="sequential")
+        assert (drafter.target is not tiny) == copy and drafter.separate == copy and not drafter.device_round
+        decoder = SpecDecoder(tiny, SpecConfig(drafter="jetspec++", tree="chain", budget=5), max_seq_len=160,
+                              drafter=drafter)
+        seen: list = []
+        result = decoder.generate(PROMPTS[0], NEW, on_round=lambda n, t, r: seen.append(t.tokens.tolist()))
+        assert result.tokens == ar_tokens[0]
+        trees[copy] = seen
+    assert trees[True] == trees[False]
+    assert not drafter_from(tiny, trained_jpp, J=1, R=1, foresight="on").separate
+
+
 def test_bad_foresight_arguments_are_refused(tiny, tmp_path) -> None:
     head, adapter = random_parts(tiny)
     make = lambda **kw: JetSpecPPDrafter(tiny, head=head, adapter=adapter, **kw)  # noqa: E731
@@ -147,7 +166,8 @@ def test_bad_foresight_arguments_are_refused(tiny, tmp_path) -> None:
                     ({"foresight": "on", "select": "threshold", "lam": 2.0}, "lam must be"),
                     ({"foresight": "on", "fanout_ratio": 0}, "fanout_ratio"),
                     ({"foresight": "on", "calibration": str(tmp_path / "nope.json")}, "not a calibration file"),
-                    ({"foresight": "on", "pipeline": "fast"}, "pipeline must be")]:
+                    ({"foresight": "on", "pipeline": "fast"}, "pipeline must be"),
+                    ({"foresight": "on", "draft_copy": "yes"}, "draft_copy .the two-device path")]:
         with pytest.raises(ValueError, match=msg):
             make(**kw)
     with pytest.raises(ValueError, match="no state adapter"):

@@ -71,11 +71,15 @@ def test_foresight_table_measures_a_pipelined_generation(tiny, trained_jpp, tmp_
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "jetspec++ pipelined" in run.stdout and "exposed_ms" in run.stdout
-    args = argparse.Namespace(head="H", J=1, R=1, states="predicted", draft_device=None, B=16,
+    args = argparse.Namespace(head="H", J=1, R=1, states="predicted", draft_device=None, draft_copy=False, B=16,
                               calibration=None, tree="chain:16",
                               configs="jetspec++ pipelined,jetspec++ pipelined host")
     cfgs = table.configs(args)
     assert "host" not in cfgs["jetspec++ pipelined"]["args"] and cfgs["jetspec++ pipelined host"]["args"]["host"] is True
+    assert "draft_copy" not in cfgs["jetspec++ pipelined"]["args"]
+    cfgs = table.configs(argparse.Namespace(**{**vars(args), "draft_device": "cuda:0", "draft_copy": True}))
+    assert cfgs["jetspec++ pipelined"]["args"]["draft_copy"] is True
+    assert cfgs["jetspec++ pipelined"]["args"]["draft_device"] == "cuda:0"
 
 
 def test_foresight_table_keeps_the_median_of_repeats() -> None:

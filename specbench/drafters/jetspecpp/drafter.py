@@ -60,7 +60,9 @@ foresight (off | on | score: select and record but draft nothing ahead), B (outc
 default 16), select (top | threshold | ssd), scores (decoder | draft: whose rows rank outcomes), lam
 (the threshold rule's λ), calibration (a per-depth temperature file from scripts/foresight_hits.py,
 calibration.json; calibration_ngram.json adds the context n-gram expert of `ngram.py`; none =
-uncalibrated), fanout_ratio (ssd), draft_device (default: the target's), pipeline (auto |
+uncalibrated), fanout_ratio (ssd), draft_device (default: the target's), draft_copy (true: the
+two-device path even where draft_device is the target's: the draft model's own copy of the target's
+weights, explicit transfers, the host round; issue 17's path run on one device), pipeline (auto |
 sequential | concurrent), record (keep a `RoundRecord` per round for the offline evaluator); host
 (true: the host round even where the device round could run).
 """
@@ -114,8 +116,8 @@ class JetSpecPPDrafter(HeadDrafter):
                  replace: bool = True, states: str = "predicted", foresight: str | bool = "off", B: int = 16,
                  select: str = "top", scores: str = "decoder", lam: float | None = None,
                  calibration: str | RowTemperature | None = None, fanout_ratio: float = 0.5,
-                 draft_device: str | None = None, pipeline: str = "auto", record: bool = False,
-                 host: bool = False, random_init: bool = False, seed: int = 0) -> None:
+                 draft_device: str | None = None, draft_copy: bool = False, pipeline: str = "auto",
+                 record: bool = False, host: bool = False, random_init: bool = False, seed: int = 0) -> None:
         if head is None and random_init:  # an untrained head and adapter of the trainer's default shape
             head = random_head(NAME, self.attention, False, target, seed)
             cfg = head.config
@@ -126,9 +128,12 @@ class JetSpecPPDrafter(HeadDrafter):
             head, loaded = load_jetspecpp(target, checkpoint)
             adapter = adapter if adapter is not None else loaded
         self.attention = head.config.attention
+        if not isinstance(draft_copy, bool):
+            raise ValueError(f"draft_copy (the two-device path on one device) must be true or false, got {draft_copy!r}")
         self.draft_device = resolve_device(draft_device, target.device)
         # everything the drafter reads lives on the draft device (a copy of the target's weights there)
-        draft_target = target if self.draft_device == target.device else target_copy(target, self.draft_device)
+        self.separate = draft_copy or self.draft_device != target.device
+        draft_target = target_copy(target, self.draft_device) if self.separate else target
         super().__init__(draft_target, head=head, block_size=block_size)
         if not isinstance(J, int) or isinstance(J, bool) or J < 0:
             raise ValueError(f"J (Jacobi refinement passes after J0) must be an integer >= 0, got {J!r}")
@@ -161,7 +166,7 @@ class JetSpecPPDrafter(HeadDrafter):
         if not isinstance(host, bool):
             raise ValueError(f"host (run the host-driven round, the reference) must be true or false, got {host!r}")
         # the device round: caches written from the Acceptance, no host read (module docstring)
-        self.device_round = not host and self.draft_device == target.device and (
+        self.device_round = not host and not self.separate and (
             self.foresight is None or self.foresight.capturable)
         self.on_device = self.device_round  # this request's round (device foresight: T = 0 in decoding only)
         self.device_states: DeviceStates | None = None
