@@ -98,6 +98,8 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
     from specbench.drafters.eagle3 import drafter as eagle3_drafter
     from specbench.kernels.frontier_rows import frontier_rows
     from specbench.kernels.node_inputs import node_inputs
+    from specbench.kernels.rescore_tree import rescore_tree
+    from specbench.drafters.heads import jetspec_tree
     from specbench.kernels import ngram_trie, reference, tree_attention
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
@@ -140,6 +142,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (ranking, "ranked_topk_sorted", shadow(sort_ops, sorted_on_cuda)),
         (grow, "beam_step_ops", shadow(grow.beam_step_ops, grow.beam_step_kernel)),  # eagle2's depth after its top-k
         (eagle3_drafter, "ranked_topk", shadow(ranking.ranked_topk, ranked_on_cuda)),  # d2t in the top-k's launch
+        (jetspec_tree, "rescore_tree_ops", shadow(jetspec_tree.rescore_tree_ops, rescore_tree)),  # the re-selection
         (eagle3_drafter, "node_inputs_ops", shadow(eagle3_drafter.node_inputs_ops,  # a head pass's inputs
                                                    lambda *a, norm=None: node_inputs(*a))),
         (eagle3_drafter, "frontier_rows_ops", shadow(eagle3_drafter.frontier_rows_ops, frontier_rows)),  # eagle3's depth before

@@ -39,13 +39,25 @@ ONE_PASS_MAX = 1024  # rows up to this wide: one program a row, one launch (the 
 
 
 @triton.jit
-def _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP: tl.constexpr):
+def _excluded(x, row, cols, ExclRows, ExclCols, NE):
+    """x with the entries (row, cols[i]) that one of the NE pairs (ExclRows[j], ExclCols[j]) names set to -inf."""
+    for j in range(0, NE):
+        hit = (tl.load(ExclRows + j) == row) & (cols == tl.load(ExclCols + j))
+        x = tl.where(hit, float("-inf"), x)
+    return x
+
+
+@triton.jit
+def _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP: tl.constexpr,
+                  ExclRows, ExclCols, NE, HAS_EXCL: tl.constexpr):
     """The k best of `best` (keys, descending) as ids (the complemented low half back; through IdMap where
-    HAS_MAP) and their values read from the input row (as stored)."""
+    HAS_MAP) and their values read from the input row (as stored; -inf where HAS_EXCL excludes them)."""
     j = tl.arange(0, best.shape[0])
     idx = 0xFFFFFFFF - (best & 0xFFFFFFFF)
     take = j < K
     val = tl.load(X + row * stride_x + idx, mask=take, other=0.0).to(tl.float32)
+    if HAS_EXCL:
+        val = _excluded(val, row, idx, ExclRows, ExclCols, NE)
     if HAS_MAP:
         tl.store(OutIdx + row * K + j, tl.load(IdMap + idx, mask=take, other=0), mask=take)
     else:
@@ -54,25 +66,29 @@ def _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP: tl.
 
 
 @triton.jit
-def _chunk_kernel(X, Cand, OutVal, OutIdx, IdMap, V, K, stride_x, NC, CH: tl.constexpr, KP: tl.constexpr,
-                  USE_TOPK: tl.constexpr, FINAL: tl.constexpr, HAS_MAP: tl.constexpr):
+def _chunk_kernel(X, Cand, OutVal, OutIdx, IdMap, ExclRows, ExclCols, NE, V, K, stride_x, NC, CH: tl.constexpr,
+                  KP: tl.constexpr, USE_TOPK: tl.constexpr, FINAL: tl.constexpr, HAS_MAP: tl.constexpr,
+                  HAS_EXCL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CH + tl.arange(0, CH)
     ok = offs < V
     x = tl.load(X + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_EXCL:  # the excluded entries rank as -inf, by id like any other
+        x = _excluded(x, row, offs, ExclRows, ExclCols, NE)
     keys = tl.where(ok, _order_key(x, offs), tl.full([CH], -9223372036854775808, tl.int64))  # [CH]
     best = _best(keys, KP, USE_TOPK)
     if FINAL:  # the whole row in this one program (NC == 1): the result directly
-        _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP)
+        _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP, ExclRows, ExclCols, NE, HAS_EXCL)
     else:
         j = tl.arange(0, best.shape[0])
         tl.store(Cand + (row * NC + chunk) * KP + j, best, mask=j < KP)
 
 
 @triton.jit
-def _merge_kernel(Cand, Out, X, OutVal, OutIdx, IdMap, M, NC_OUT, K, stride_x,
-                  CH: tl.constexpr, KP: tl.constexpr, FINAL: tl.constexpr, USE_TOPK: tl.constexpr, HAS_MAP: tl.constexpr):
+def _merge_kernel(Cand, Out, X, OutVal, OutIdx, IdMap, ExclRows, ExclCols, NE, M, NC_OUT, K, stride_x,
+                  CH: tl.constexpr, KP: tl.constexpr, FINAL: tl.constexpr, USE_TOPK: tl.constexpr, HAS_MAP: tl.constexpr,
+                  HAS_EXCL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CH + tl.arange(0, CH)
@@ -80,16 +96,19 @@ def _merge_kernel(Cand, Out, X, OutVal, OutIdx, IdMap, M, NC_OUT, K, stride_x,
     best = _best(keys, KP, USE_TOPK)
     j = tl.arange(0, best.shape[0])
     if FINAL:
-        _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP)
+        _write_ranked(best, X, OutVal, OutIdx, IdMap, row, K, stride_x, HAS_MAP, ExclRows, ExclCols, NE, HAS_EXCL)
     else:
         tl.store(Out + (row * NC_OUT + chunk) * KP + j, best, mask=j < KP)
 
 
 def ranked_topk_triton(x: Tensor, k: int, chunk: int | None = None, use_topk: bool | None = None,
-                       merge_max: int = MERGE_MAX, id_map: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       merge_max: int = MERGE_MAX, id_map: Tensor | None = None,
+                       exclude: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """(values [R, k] float32, ids [R, k] int64): the k best entries of each row of x [R, V] by (value desc,
     id asc), -0.0 ranked as +0.0 (values come back as stored); `id_map` [V] (int64): the ids come back as
-    id_map[ids], in the same launch (eagle3's draft -> target vocabulary). `chunk`: entries per program of the chunk
+    id_map[ids], in the same launch (eagle3's draft -> target vocabulary); `exclude` (rows [J], cols [J], int64):
+    the entries x[rows[j], cols[j]] rank as -inf (a negative row matches none), as if written there first
+    (jetspec-tree's re-selection: a node's existing children). `chunk`: entries per program of the chunk
     pass (a power of two >= the padded k; default: the whole row up to ONE_PASS_MAX, NARROW_CHUNK up to NARROW_MAX, else CHUNK); a row in
     one chunk is ranked in one launch. `use_topk`: rank with `tl.topk` (default: where Triton has it)
     instead of a full `tl.sort`; `merge_max`: candidates per program of a merge pass (a power of two)."""
@@ -117,25 +136,37 @@ def ranked_topk_triton(x: Tensor, k: int, chunk: int | None = None, use_topk: bo
         raise ValueError(f"id_map must be an int64 [{vocab}] tensor on {dev}, got {id_map.dtype} "  # type: ignore[union-attr]
                          f"{tuple(id_map.shape)} on {id_map.device}")  # type: ignore[union-attr]
     id_map = id_map.contiguous() if has_map else x  # type: ignore[union-attr]  # (a pointer the kernel never reads)
+    has_excl = exclude is not None
+    if has_excl:
+        excl_rows, excl_cols = (t.contiguous() for t in exclude)  # type: ignore[union-attr]
+        if (excl_rows.shape != excl_cols.shape or excl_rows.dim() != 1 or excl_rows.dtype != torch.int64
+                or excl_cols.dtype != torch.int64 or excl_rows.device != dev):
+            raise ValueError(f"exclude must be two int64 [J] tensors on {dev}, got {excl_rows.dtype} "
+                             f"{tuple(excl_rows.shape)} and {excl_cols.dtype} {tuple(excl_cols.shape)}")
+    else:
+        excl_rows = excl_cols = x  # (pointers the kernel never reads)
+    ne = excl_rows.numel() if has_excl else 0
+    extra = dict(HAS_MAP=has_map, HAS_EXCL=has_excl)
     vals = torch.empty(rows, k, dtype=torch.float32, device=dev)
     ids = torch.empty(rows, k, dtype=torch.int64, device=dev)
     nc = triton.cdiv(vocab, ch)
     warps = 4 if ch <= 2048 else 8
     if nc == 1:  # one program a row: ranked in this launch
-        _chunk_kernel[(rows, 1)](x, ids, vals, ids, id_map, vocab, k, x.stride(0), 1, CH=ch, KP=kp, USE_TOPK=topk,
-                                 FINAL=True, HAS_MAP=has_map, num_warps=warps)
+        _chunk_kernel[(rows, 1)](x, ids, vals, ids, id_map, excl_rows, excl_cols, ne, vocab, k, x.stride(0), 1, CH=ch,
+                                 KP=kp, USE_TOPK=topk, FINAL=True, **extra, num_warps=warps)
         return vals, ids
     cand = torch.empty(rows, nc * kp, dtype=torch.int64, device=dev)
-    _chunk_kernel[(rows, nc)](x, cand, vals, ids, id_map, vocab, k, x.stride(0), nc, CH=ch, KP=kp, USE_TOPK=topk,
-                              FINAL=False, HAS_MAP=has_map, num_warps=warps)
+    _chunk_kernel[(rows, nc)](x, cand, vals, ids, id_map, excl_rows, excl_cols, ne, vocab, k, x.stride(0), nc, CH=ch,
+                              KP=kp, USE_TOPK=topk, FINAL=False, **extra, num_warps=warps)
     m = nc * kp
     while m > merge:  # another round of chunks over the candidates
         nc_out = triton.cdiv(m, merge)
         out = torch.empty(rows, nc_out * kp, dtype=torch.int64, device=dev)
-        _merge_kernel[(rows, nc_out)](cand, out, x, vals, ids, id_map, m, nc_out, k, x.stride(0), CH=merge, KP=kp,
-                                      FINAL=False, USE_TOPK=topk, HAS_MAP=has_map, num_warps=4 if merge <= 2048 else 8)
+        _merge_kernel[(rows, nc_out)](cand, out, x, vals, ids, id_map, excl_rows, excl_cols, ne, m, nc_out, k,
+                                      x.stride(0), CH=merge, KP=kp, FINAL=False, USE_TOPK=topk, **extra,
+                                      num_warps=4 if merge <= 2048 else 8)
         cand, m = out, nc_out * kp
     mp = max(kp, triton.next_power_of_2(m))
-    _merge_kernel[(rows, 1)](cand, cand, x, vals, ids, id_map, m, 1, k, x.stride(0), CH=mp, KP=kp,
-                             FINAL=True, USE_TOPK=topk, HAS_MAP=has_map, num_warps=4 if mp <= 2048 else 8)
+    _merge_kernel[(rows, 1)](cand, cand, x, vals, ids, id_map, excl_rows, excl_cols, ne, m, 1, k, x.stride(0), CH=mp,
+                             KP=kp, FINAL=True, USE_TOPK=topk, **extra, num_warps=4 if mp <= 2048 else 8)
     return vals, ids

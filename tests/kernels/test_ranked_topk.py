@@ -92,6 +92,24 @@ def test_an_id_map_returns_mapped_ids_in_the_same_ranking(device, vocab, k, chun
         assert torch.equal(got_ids.cpu(), id_map[want_ids]) and torch.equal(got_vals.cpu(), want_vals)
 
 
+@pytest.mark.parametrize("vocab, k, chunk", [(900, 6, None), (2500, 16, None), (600, 5, 128)])
+def test_excluded_entries_rank_as_minus_infinity(device, vocab, k, chunk) -> None:
+    """`exclude` (rows, cols): the same ranking as the reference over a copy with those entries set to -inf, the
+    value -inf where one is still chosen; a negative row excludes nothing."""
+    x = _rows(4, vocab, seed=vocab + k)
+    g = torch.Generator().manual_seed(k)
+    rows = torch.randint(-1, 4, (30,), generator=g)
+    cols = torch.cat([torch.randint(0, vocab, (25,), generator=g), torch.argmax(x, -1),
+                      torch.tensor([0])])
+    rows[25:29] = torch.arange(4)  # each row's best entry excluded
+    masked = x.clone()
+    keep = rows >= 0
+    masked[rows[keep], cols[keep]] = float("-inf")
+    vals, ids = ranked_topk_triton(x.to(device), k, chunk=chunk, exclude=(rows.to(device), cols.to(device)))
+    want_vals, want_ids = ranked_topk_reference(masked, k)
+    assert torch.equal(ids.cpu(), want_ids) and torch.equal(vals.cpu(), want_vals)
+
+
 def test_bad_arguments_fail_clearly(device) -> None:
     x = torch.zeros(2, 10, device=device)
     with pytest.raises(ValueError, match="k must be in"):
@@ -100,6 +118,9 @@ def test_bad_arguments_fail_clearly(device) -> None:
         ranked_topk_triton(x[0], 3)
     with pytest.raises(ValueError, match="powers of two"):
         ranked_topk_triton(x, 3, chunk=96)
+    with pytest.raises(ValueError, match="exclude must be two int64"):
+        ranked_topk_triton(x, 3, exclude=(torch.zeros(2, dtype=torch.long, device=device),
+                                          torch.zeros(3, dtype=torch.long, device=device)))
     with pytest.raises(ValueError, match="id_map must be an int64 \\[10\\]"):
         ranked_topk_triton(x, 3, id_map=torch.arange(9, device=device))
 

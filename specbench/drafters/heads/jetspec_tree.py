@@ -24,45 +24,56 @@ from specbench.trees.ranking import ranked_topk
 
 
 def rescore_tree(candidates: DraftTree, node_logp: Tensor, extend: int, max_depth: int) -> DraftTree:
-    """Candidates rescored by path-conditioned log-probs, plus new children; tensor ops, no host read.
+    """Candidates rescored by path-conditioned log-probs, plus new children; no host read.
 
     node_logp [N, V]: log q(next token | path to node i). A node's score is the sum of its path's
     conditional log-probs (root 0, summed in float64). Each node also gets its `extend` most likely
     next tokens that are not already its children, as new leaves appended after the candidates in
     (node, rank) order, so parents still precede children; those of nodes at depth >= max_depth get
     score -inf (kept for static shapes, never chosen before a finite node). Scores never increase
-    from parent to child.
+    from parent to child. On CUDA two launches (`specbench.kernels.rescore_tree`), elsewhere tensor ops
+    (`rescore_tree_ops`, its reference).
     """
-    n = candidates.num_nodes
     dev = node_logp.device
-    tokens, parents, depth = candidates.tokens.to(dev), candidates.parents.to(dev), candidates.depth.to(dev)
+    args = (candidates.tokens.to(dev), candidates.parents.to(dev), candidates.depth.to(dev),
+            candidates.ancestor_mask.to(dev), node_logp, extend, max_depth)
+    rescore = rescore_tree_ops
+    if node_logp.is_cuda:
+        from specbench.kernels.rescore_tree import rescore_tree as rescore
+    tokens, parents, depth, scores, mask = rescore(*args)
+    bound = None if candidates.depth_bound is None else candidates.depth_bound + 1
+    tree = DraftTree(tokens=tokens, parents=parents, depth=depth, scores=scores, depth_bound=bound)
+    tree.__dict__["ancestor_mask"] = mask  # the cached property, known
+    return tree
+
+
+def rescore_tree_ops(tokens: Tensor, parents: Tensor, depth: Tensor, mask: Tensor, node_logp: Tensor, extend: int,
+                     max_depth: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """`rescore_tree` in tensor ops over a candidate tree's tokens, parents, depth [N] and ancestor mask [N, N]:
+    (tokens, parents, depth [M], scores [M] float64, ancestor mask [M, M]), M = N * (1 + extend)."""
+    n = tokens.numel()
+    dev = node_logp.device
     ids = torch.arange(n, device=dev)
-    mask = candidates.ancestor_mask.to(dev)  # [N, N]
     picked = node_logp[parents.clamp(min=0), tokens].double()  # [N]: the N entries only, then float64
     contrib = torch.where(parents >= 0, picked, 0.0)  # [N]: log q(token | parent's path)
     scores = mask.double() @ contrib  # [N]: path sums
-    new = [tokens, parents, depth, scores]
-    if extend > 0:
-        # a node's existing children are masked out of its row (-inf), so its `extend` best fresh tokens are a
-        # top-`extend` of the row; the root's write goes to a spare last row, keeping every write the same -inf
-        spare = torch.cat([node_logp, node_logp[:1]])  # [N + 1, V]
-        masked = torch.full((), float("-inf"), dtype=spare.dtype, device=dev)  # a device value: capturable
-        spare.index_put_((torch.where(parents >= 0, parents, n), tokens), masked)
-        ext_lp, ext_tok = ranked_topk(spare[:n], extend)  # [N, e]
-        ext_lp = ext_lp.double()
-        ext_scores = torch.where((depth < max_depth)[:, None], scores[:, None] + ext_lp, float("-inf"))
-        new = [torch.cat([tokens, ext_tok.flatten()]), torch.cat([parents, ids.repeat_interleave(extend)]),
-               torch.cat([depth, (depth + 1).repeat_interleave(extend)]), torch.cat([scores, ext_scores.flatten()])]
-        # the ancestor mask from the candidates' (a new leaf sees its parent's ancestors and itself):
-        # three kernels, where rebuilding it from the parents takes a pointer-doubling loop
-        grown = torch.eye(n * (1 + extend), dtype=torch.bool, device=dev)
-        grown[:n, :n] = mask
-        grown[n:, :n].view(n, extend, n).copy_(mask[:, None])
-        mask = grown
-    bound = None if candidates.depth_bound is None else candidates.depth_bound + 1
-    tree = DraftTree(tokens=new[0], parents=new[1], depth=new[2], scores=new[3], depth_bound=bound)
-    tree.__dict__["ancestor_mask"] = mask  # the cached property, known
-    return tree
+    if extend == 0:
+        return tokens, parents, depth, scores, mask
+    # a node's existing children are masked out of its row (-inf), so its `extend` best fresh tokens are a
+    # top-`extend` of the row; the root's write goes to a spare last row, keeping every write the same -inf
+    spare = torch.cat([node_logp, node_logp[:1]])  # [N + 1, V]
+    masked = torch.full((), float("-inf"), dtype=spare.dtype, device=dev)  # a device value: capturable
+    spare.index_put_((torch.where(parents >= 0, parents, n), tokens), masked)
+    ext_lp, ext_tok = ranked_topk(spare[:n], extend)  # [N, e]
+    ext_lp = ext_lp.double()
+    ext_scores = torch.where((depth < max_depth)[:, None], scores[:, None] + ext_lp, float("-inf"))
+    # the ancestor mask from the candidates' (a new leaf sees its parent's ancestors and itself):
+    # three kernels, where rebuilding it from the parents takes a pointer-doubling loop
+    grown = torch.eye(n * (1 + extend), dtype=torch.bool, device=dev)
+    grown[:n, :n] = mask
+    grown[n:, :n].view(n, extend, n).copy_(mask[:, None])
+    return (torch.cat([tokens, ext_tok.flatten()]), torch.cat([parents, ids.repeat_interleave(extend)]),
+            torch.cat([depth, (depth + 1).repeat_interleave(extend)]), torch.cat([scores, ext_scores.flatten()]), grown)
 
 
 @DRAFTERS.register("jetspec-tree")
