@@ -35,7 +35,6 @@ from specbench.drafters import DRAFTERS
 from specbench.drafters.base import Drafter, DraftState, Weights
 from specbench.drafters.eagle3.head import Eagle3Head, eagle3_feature_layers
 from specbench.kernels.masks import pack_tree_mask
-from specbench.kernels.reference import rmsnorm_reference
 from specbench.models.decoder import AttentionFn, AttentionMeta, ForwardOutput, KVCache, is_triton_backend, sdpa_attention
 from specbench.models.target import TargetModel
 from specbench.trees.base import DraftTree, TreePolicy
@@ -367,8 +366,8 @@ def frontier_rows_ops(frontier: Tensor, parents: Tensor, tokens: Tensor, node_ro
 
 
 def node_inputs_ops(tokens: Tensor, parent_rows: Tensor, embed: Tensor, hidden_rows: Tensor, embed_norm: Tensor,
-                    hidden_norm: Tensor, eps: float, bits: Tensor, own_bits: Tensor, first: int,
-                    norm: Callable[..., tuple[Tensor, Tensor]] = rmsnorm_reference) -> tuple[Tensor, Tensor]:
+                    hidden_norm: Tensor, eps: float, bits: Tensor, own_bits: Tensor, first: int, *,
+                    norm: Callable[..., tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
     """A head pass's inputs over F new nodes (tokens [F], their parents' rows [F]): x [F, 2d] (the token
     embeddings and the parents' hidden rows, each RMS-normed by `norm` (a `LayerOps.norm`), concatenated) and
     the parents' hidden rows [F, d]; writes the nodes' packed visibility bits[first + i] = bits[parent_rows[i]]
