@@ -55,7 +55,8 @@
 #            GPUTEST_ARGS more pytest flags (e.g. -o faulthandler_timeout=60: a stuck test's stacks)
 #   topk     the ranked top-k kernel's tests on CUDA (TOPK_TESTS=0: not), then scripts/bench_ranked_topk.py (kernel vs
 #            packed keys vs the stable sort)
-#   treeops  the tree-op kernels' CUDA tests (select_top, beam_step, ancestor_mask, frontier_rows, node_inputs, rescore_tree; TREEOPS_TESTS=0: not), then
+#   treeops  the tree-op kernels' CUDA tests (select_top, beam_step, ancestor_mask, frontier_rows, node_inputs, rescore_tree, pack_bits,
+#            top_b_tree; TREEOPS_TESTS=0: not), then
 #            scripts/bench_tree_ops.py (each kernel against the tensor ops it replaced; TREEOPS_S its timeout)
 #   profile  scripts/profile_round.py --kernels for PROFILE_CONFIGS (PROFILE_ARGS: its drafter args; PROFILE_END_S)
 #   rounds   experiments/round_table.py: the per-stage round table of every drafter beside AR (ROUNDS_END_S; ROUNDS_ARGS:
@@ -383,7 +384,8 @@ phase_treeops() {
   if [ "${TREEOPS_TESTS:-1}" = 1 ]; then
     SPECBENCH_AUTOTUNE=first timeout ${TREEOPS_TEST_S:-150} python3 -m pytest -m "gpu or not slow" -q -p no:cacheprovider \
       tests/kernels/test_select_top.py tests/kernels/test_beam_step.py tests/kernels/test_ancestor_mask.py tests/kernels/test_frontier_rows.py \
-      tests/kernels/test_node_inputs.py tests/kernels/test_rescore_tree.py > $T/tests.txt 2>&1
+      tests/kernels/test_node_inputs.py tests/kernels/test_rescore_tree.py tests/kernels/test_pack_bits.py tests/kernels/test_top_b_tree.py \
+      > $T/tests.txt 2>&1
     tail -4 $T/tests.txt
   fi
   timeout ${TREEOPS_S:-120} python3 scripts/bench_tree_ops.py --json $T/bench_tree_ops.json > $T/bench.txt 2>&1 \

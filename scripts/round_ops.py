@@ -10,7 +10,7 @@ or allocations, plus one per Triton launch. Where the CPU runs other code than C
 the values (not counted) and the CUDA code is run beside it for the count, under TRITON_INTERPRET=1 with
 its Triton launches stubbed (counted, not executed): the layer ops (`fused_ops(--level)`: Triton kernels +
 cuBLAS), the target's attention (`triton_tree_attention`) and eagle3's draft-row attention
-(`context_attention`), a tree's ancestor mask (`ancestor_mask`), a scored trie's top nodes (`select_top`), the ranked top-k over a wide row (`ranked_topk_triton`, also where the CPU sorts a draft vocabulary's rows), eagle2's
+(`context_attention`), a tree's ancestor mask (`ancestor_mask`) and its packing (`pack_tree_mask_kernel`), a scored trie's top nodes (`select_top`), the ranked top-k over a wide row (`ranked_topk_triton`, also where the CPU sorts a draft vocabulary's rows), eagle2's
 beam step (`beam_step`), ddtree's build (the
 `top_b_tree` kernel: `ddtree` runs as `ddtree-vec`, its CUDA builder, which gives the same tree), ngram's trie
 (`ngram_trie`), greedy
@@ -103,8 +103,11 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
     from specbench.kernels import ngram_trie, reference, tree_attention
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
+    from specbench.models import triton_attention
     from specbench.models.triton_attention import triton_tree_attention
+    from specbench.kernels import masks
     from specbench.kernels.ancestor_mask import ancestor_mask
+    from specbench.kernels.pack_bits import pack_tree_mask_kernel
     from specbench.trees import base, ddtree_vec, grow, ranking
     from specbench.verify import vectorised, walk
 
@@ -147,6 +150,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
                                                    lambda *a, norm=None: node_inputs(*a))),
         (eagle3_drafter, "frontier_rows_ops", shadow(eagle3_drafter.frontier_rows_ops, frontier_rows)),  # eagle3's depth before
         (base, "device_ancestor_masks", shadow(base.ancestor_masks, lambda parents, depth: ancestor_mask(parents))),
+        (triton_attention, "pack_tree_mask", shadow(masks.pack_tree_mask, pack_tree_mask_kernel)),  # once a forward
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),
                                        functools.partial(vectorised.accept_packed, use_kernel=True))),
         (decoder.KVCache, "compact_with_index_ops",

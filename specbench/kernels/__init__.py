@@ -29,6 +29,7 @@ kernels run only under TRITON_INTERPRET=1 (set before import).
   kl_loss.py          the heads' forward-KL distillation loss per row: one streaming pass forward, one backward
   per_shape.py        the faster of a fused kernel and its unfused composition, timed once per shape
   ancestor_mask.py    a tree's ancestor mask from its parents, one program per tree (reference: masks.ancestor_masks)
+  pack_bits.py        a bool mask packed into those int32 words in one launch (reference: masks.pack_tree_mask)
   masks.py            packed bitmasks (pack_tree_mask, block_causal_mask) and ancestor masks by pointer doubling
   device.py           where the kernels may run (CUDA, or the CPU under TRITON_INTERPRET=1)
   reference.py        the references the tests compare against

@@ -11,7 +11,7 @@ more than the head pass it builds from. Here one program keeps every step on chi
   tree = the best B entries of all beams by (score desc, depth asc, place asc), in that order; a
          node's parent is the tree position of its beam parent.
 
-Inputs: lp, tokens [D, K] ranked per depth (log-probs float32, clamped at 0; K = min(B, V)), the
+Inputs: lp, tokens [D, K] ranked per depth (log-probs, clamped at 0 as they load; K = min(B, V)), the
 anchor [1] (device), B. The candidate pairs' (place, rank) table depends only on B (`pair_table`).
 Each depth's beam stays on chip (`tl.gather` reads a pair's beam score and the chosen candidates' fields);
 the beams are written to global memory only for the final pick, read after one barrier. `batch`
@@ -89,7 +89,8 @@ def _top_b_tree_kernel(LP, Tok, Anchor, PairPlace, PairRank, BeamScore, BeamPare
     for d in range(0, D):
         valid = pair_ok & (place < beam_size) & (rank < K)
         prev = tl.gather(beam, tl.where(valid, place, 0), 0)  # [M_PAD] the pair's beam entry's score
-        lp = tl.load(LP + d * stride_lp + rank, mask=valid, other=0.0)
+        lp = tl.load(LP + d * stride_lp + rank, mask=valid, other=0.0).to(tl.float32)
+        lp = tl.minimum(lp, 0.0, propagate_nan=tl.PropagateNan.ALL)  # the reference's clamp at 0 (NaN stays NaN)
         cand = prev + lp  # float32, as the reference adds
         best = _best(tl.where(valid, _order_key(cand, m), lowest), B_PAD, USE_TOPK)  # [B_PAD] (or [M_PAD])
         j = tl.arange(0, best.shape[0])
@@ -187,7 +188,8 @@ class TopBTree:
         if width > self.width or tokens.shape != logp.shape or depth < 1 or anchors.shape != (trees,):
             raise ValueError(f"the tables must be [B, D >= 1, <= {self.width}] with B anchors, got {tuple(logp.shape)}, "
                              f"{tuple(tokens.shape)} and {tuple(anchors.shape)}")
-        lp = logp.float().clamp(max=0.0).contiguous()
+        # the kernel clamps at 0 as it loads (no launch of its own); it reads float32 rows with unit stride
+        lp = logp if logp.dtype == torch.float32 and logp.stride(-1) == 1 else logp.float().contiguous()
         tok, anchors = tokens.contiguous(), anchors.contiguous()
         dev, b = logp.device, self.budget
         i32 = dict(dtype=torch.int32, device=dev)

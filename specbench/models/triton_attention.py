@@ -5,8 +5,9 @@ the prefix merge (in the attention kernel's last split, or in the merge kernel a
 in one run (scripts/bench_step.py) whichever one the plan picks (`FUSED_MERGE_MAX_NODES`). `triton-decode` runs
 a one-node forward (the AR step) on the decode kernel (`kernels/decode_attention.py`) and every other on `triton`'s.
 
-The tree mask is packed into the kernel's bitmask once per forward (on the first layer) and kept on
-the shared AttentionMeta, so the other layers reuse it; nothing here reads the device.
+The tree mask is packed into the kernel's bitmask once per forward (on the first layer; one launch on CUDA,
+`kernels/pack_bits.py`) and kept on the shared AttentionMeta, so the other layers reuse it; nothing here reads
+the device.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from torch import Tensor
 
 from specbench.kernels.decode_attention import decode_attention
 from specbench.kernels.masks import pack_tree_mask
+from specbench.kernels.pack_bits import pack_tree_mask_kernel
 from specbench.kernels.tree_attention import tree_attention
 from specbench.models.decoder import AttentionMeta
 
 
 def _tree_bits(meta: AttentionMeta) -> Tensor:
     if meta.tree_bits is None:
-        meta.tree_bits = pack_tree_mask(meta.tree_mask)  # [B, N, W] int32
+        pack = pack_tree_mask_kernel if meta.tree_mask.is_cuda else pack_tree_mask  # the same words
+        meta.tree_bits = pack(meta.tree_mask)  # [B, N, W] int32
     return meta.tree_bits
 
 

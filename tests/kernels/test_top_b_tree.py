@@ -46,6 +46,23 @@ def test_kernel_equals_build_top_b(device, use_topk, depth, vocab, budget, ties)
         assert torch.equal(got[3].cpu(), ref.scores.float())
 
 
+def test_entries_above_zero_are_clamped_as_the_reference_clamps(device) -> None:
+    """Log-probs a hair above 0 (rounding) count as 0 in both builders: the kernel clamps as it loads, from a
+    float32 table with a row stride of its own (a slice) and from a float64 one (converted first)."""
+    tok, lp, _ = _reference(5, 30, 16, 3, False)
+    lp = lp.clone()
+    lp[0, 0], lp[2, 0], lp[3, :2] = 1e-6, 0.5, 2.0  # above 0: ranked first, as a top-k of unclamped values is
+    ref = build_top_b(5, tok, lp, 16)
+    wide = torch.full((5, 40), -7.0)
+    wide[:, :lp.shape[1]] = lp
+    for table in (wide[:, :lp.shape[1]], lp.double()):
+        got = TopBTree(16, lp.shape[1], torch.device(device))(torch.tensor([5], device=device), tok.to(device),
+                                                            table.to(device))
+        for a, b in zip(got[:3], (ref.tokens, ref.parents, ref.depth)):
+            assert torch.equal(a.cpu(), b)
+        assert torch.equal(got[3].cpu(), ref.scores.float())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("warps", [1, 2, 8, 16])
 def test_kernel_at_other_warp_counts_equals_build_top_b(cuda, warps) -> None:

@@ -79,9 +79,10 @@ def flat_attention(keys: Tensor, kv_len: int) -> AttentionFn:
     whole cache for SDPA, read without the slots past the rows: SDPA with that dense mask reads every
     one of the kv_len slots (~43 us a layer over a 2,048-slot cache on the H200, profiled; the kernel
     reads the committed length only)."""
-    from specbench.kernels.tree_attention import context_attention  # imports Triton: CUDA only
+    from specbench.kernels.pack_bits import pack_tree_mask_kernel  # imports Triton: CUDA only
+    from specbench.kernels.tree_attention import context_attention
 
-    bits = pack_tree_mask(keys)[None]  # [1, Q, W]
+    bits = (pack_tree_mask_kernel if keys.is_cuda else pack_tree_mask)(keys)[None]  # [1, Q, W], one launch on CUDA
     new = keys.shape[1]
 
     def attend(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
