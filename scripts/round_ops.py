@@ -96,6 +96,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
     """Every CPU/CUDA divergence of the round shadowed by its CUDA path (module docstring)."""
     from specbench.drafters import ngram
     from specbench.drafters.eagle3 import drafter as eagle3_drafter
+    from specbench.drafters.jetspecpp import foresight
     from specbench.kernels.frontier_rows import frontier_rows
     from specbench.kernels.node_inputs import node_inputs
     from specbench.kernels.rescore_tree import rescore_tree
@@ -151,6 +152,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
         (eagle3_drafter, "frontier_rows_ops", shadow(eagle3_drafter.frontier_rows_ops, frontier_rows)),  # eagle3's depth before
         (base, "device_ancestor_masks", shadow(base.ancestor_masks, lambda parents, depth: ancestor_mask(parents))),
         (triton_attention, "pack_tree_mask", shadow(masks.pack_tree_mask, pack_tree_mask_kernel)),  # once a forward
+        (foresight, "pack_tree_mask", shadow(masks.pack_tree_mask, pack_tree_mask_kernel)),  # jetspec++'s flat rows
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),
                                        functools.partial(vectorised.accept_packed, use_kernel=True))),
         (decoder.KVCache, "compact_with_index_ops",
