@@ -273,7 +273,7 @@ phase_kernels() {
     log "kernel tests (CUDA)"
     SPECBENCH_AUTOTUNE=first timeout ${KTEST_S:-120} python3 -m pytest tests/kernels/test_norm_linear.py \
       tests/kernels/test_fused_decoder.py tests/kernels/test_attention_plan_script.py tests/kernels/test_tree_attention.py \
-      -q -p no:cacheprovider > $K/tests.txt 2>&1
+      -p no:cacheprovider > $K/tests.txt 2>&1
     tail -4 $K/tests.txt
   fi
   log "bench_step"
@@ -371,7 +371,7 @@ phase_topk() {
   local T=$P/topk; mkdir -p $T
   log "ranked top-k: CUDA tests, then the benchmark"
   if [ "${TOPK_TESTS:-1}" = 1 ]; then
-    timeout ${TOPK_TEST_S:-120} python3 -m pytest -m "gpu or not slow" tests/kernels/test_ranked_topk.py -q -p no:cacheprovider \
+    timeout ${TOPK_TEST_S:-120} python3 -m pytest -m "gpu or not slow" tests/kernels/test_ranked_topk.py -p no:cacheprovider \
       > $T/tests.txt 2>&1; tail -4 $T/tests.txt
   fi
   timeout ${TOPK_BENCH_S:-120} python3 scripts/bench_ranked_topk.py --out $T/bench.json > $T/bench.txt 2>&1; cat $T/bench.txt
@@ -382,7 +382,7 @@ phase_treeops() {
   local T=$P/treeops; mkdir -p $T
   log "tree ops: CUDA tests, then the benchmark"
   if [ "${TREEOPS_TESTS:-1}" = 1 ]; then
-    SPECBENCH_AUTOTUNE=first timeout ${TREEOPS_TEST_S:-150} python3 -m pytest -m "gpu or not slow" -q -p no:cacheprovider \
+    SPECBENCH_AUTOTUNE=first timeout ${TREEOPS_TEST_S:-150} python3 -m pytest -m "gpu or not slow" -p no:cacheprovider \
       tests/kernels/test_select_top.py tests/kernels/test_beam_step.py tests/kernels/test_ancestor_mask.py tests/kernels/test_frontier_rows.py \
       tests/kernels/test_node_inputs.py tests/kernels/test_rescore_tree.py tests/kernels/test_pack_bits.py tests/kernels/test_top_b_tree.py \
       > $T/tests.txt 2>&1
@@ -464,7 +464,7 @@ phase_eval() {  # the new heads are the shipped ones for this copy
   done
   JPP=$RUN/heads/jetspec++; E=$P/eval; mkdir -p $E
   log "foresight GPU tests"
-  timeout 150 python3 -m pytest -m gpu tests/gpu/test_foresight_cuda.py -q -p no:cacheprovider > $E/gpu_tests.txt 2>&1
+  timeout 150 python3 -m pytest -m gpu tests/gpu/test_foresight_cuda.py -p no:cacheprovider > $E/gpu_tests.txt 2>&1
   tail -5 $E/gpu_tests.txt
   log "foresight_hits: recorded rounds + calibration"
   timeout ${HITS_TIMEOUT:-130} python3 scripts/foresight_hits.py --data $SPECBENCH_DATA --head $JPP --device $DEVICE --dtype float32 \

@@ -76,7 +76,7 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
     R=/root/results/eval2; mkdir -p $R
     install_heads
     since "GPU spine tests"
-    timeout 90 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 | tail -5
+    timeout 90 python3 -m pytest -m gpu tests/gpu -p no:cacheprovider 2>&1 | tail -5
     since "AR: native vs transformers generate (bf16)"
     timeout 150 python3 scripts/bench_spine.py --device cuda --dtype bfloat16 --gsm8k 10 --budgets 8,16 \
       --json-out "$R/bench_spine.json" 2>&1 | grep -v Warning
@@ -90,7 +90,7 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
   profile)
     R=/root/results/profile; mkdir -p $R
     since "GPU verifier tests"
-    timeout 120 python3 -m pytest -m gpu tests/verify -q -p no:cacheprovider > $R/verify_gpu.txt 2>&1; tail -3 $R/verify_gpu.txt
+    timeout 120 python3 -m pytest -m gpu tests/verify -p no:cacheprovider > $R/verify_gpu.txt 2>&1; tail -3 $R/verify_gpu.txt
     configs="${PROFILE_CONFIGS:-ar/chain/1,dflash/chain/16,dflash/ddtree/64,jetspec-tree/ddtree/64,eagle3/eagle2/64,self/chain/4}"
     for variant in masked-sdpa-off-cudnn cudnn-allowed; do
       since "round profile ($variant; bf16, CUDA graphs)"
@@ -132,7 +132,7 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
   round1)  # issue 13: the graphed round's GPU tests, then the decode step against its bandwidth bound
     R=/root/results/round1; mkdir -p $R
     since "GPU tests: graphed round == eager == AR (fp32), kernels at full size"
-    timeout "${TEST_SECONDS:-330}" python3 -m pytest -m "not slow" tests/gpu tests/kernels -q -p no:cacheprovider \
+    timeout "${TEST_SECONDS:-330}" python3 -m pytest -m "not slow" tests/gpu tests/kernels -p no:cacheprovider \
       > $R/gpu_tests.txt 2>&1; tail -30 $R/gpu_tests.txt
     since "decode step and verify(65) vs the bandwidth bound (random weights, bf16)"
     timeout "${STEP_SECONDS:-200}" python3 scripts/bench_step.py --profile --out $R/bench_step.json > $R/bench_step.txt 2>&1
@@ -165,7 +165,7 @@ print('fingerprint', t.fingerprint, 'cache', t.meta['source'])" ;;
     since "GPU tests: foresight on a second stream == sequential == AR (fp32), host round and device round"
     [ "$STATES" = predicted ] && export SPECBENCH_JETSPECPP_HEAD="$HEAD"
     timeout "${TEST_SECONDS:-300}" python3 -m pytest -m gpu tests/gpu/test_foresight_cuda.py \
-      tests/gpu/test_jetspecpp_foresight_device_cuda.py -q -p no:cacheprovider > $R/gpu_tests.txt 2>&1; tail -15 $R/gpu_tests.txt
+      tests/gpu/test_jetspecpp_foresight_device_cuda.py -p no:cacheprovider > $R/gpu_tests.txt 2>&1; tail -15 $R/gpu_tests.txt
     since "Table 3: AR, dflash, jetspec, jetspec++ critical path and pipelined (bf16, graphed verify)"
     timeout "${TABLE_SECONDS:-300}" python3 scripts/foresight_table.py --data /root/data --device cuda --dtype bfloat16 \
       --head "$HEAD" --states "$STATES" ${FS_CAL:+--calibration "$FS_CAL"} --n "${FS_N:-5}" --max-new-tokens 256 \
