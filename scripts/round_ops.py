@@ -96,7 +96,6 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
     """Every CPU/CUDA divergence of the round shadowed by its CUDA path (module docstring)."""
     from specbench.drafters import ngram
     from specbench.drafters.eagle3 import drafter as eagle3_drafter
-    from specbench.drafters.jetspecpp import foresight
     from specbench.kernels.frontier_rows import frontier_rows
     from specbench.kernels.node_inputs import node_inputs
     from specbench.kernels.rescore_tree import rescore_tree
@@ -104,9 +103,8 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
     from specbench.kernels import ngram_trie, reference, tree_attention
     from specbench.kernels.ranked_topk import ranked_topk_triton
     from specbench.models import decoder
-    from specbench.models import triton_attention
     from specbench.models.triton_attention import triton_tree_attention
-    from specbench.kernels import masks
+    from specbench.kernels import masks, pack_bits
     from specbench.kernels.ancestor_mask import ancestor_mask
     from specbench.kernels.pack_bits import pack_tree_mask_kernel
     from specbench.trees import base, ddtree_vec, grow, ranking
@@ -151,8 +149,7 @@ def cuda_paths(counter: OpCounter, target: Any, policy: Any, level: str) -> Iter
                                                    lambda *a, norm=None: node_inputs(*a))),
         (eagle3_drafter, "frontier_rows_ops", shadow(eagle3_drafter.frontier_rows_ops, frontier_rows)),  # eagle3's depth before
         (base, "device_ancestor_masks", shadow(base.ancestor_masks, lambda parents, depth: ancestor_mask(parents))),
-        (triton_attention, "pack_tree_mask", shadow(masks.pack_tree_mask, pack_tree_mask_kernel)),  # once a forward
-        (foresight, "pack_tree_mask", shadow(masks.pack_tree_mask, pack_tree_mask_kernel)),  # jetspec++'s flat rows
+        (pack_bits, "pack_tree_mask", shadow(masks.pack_tree_mask, pack_tree_mask_kernel)),  # a forward's mask, jetspec++'s flat rows
         (walk, "accept_packed", shadow(functools.partial(vectorised.accept_packed, use_kernel=False),
                                        functools.partial(vectorised.accept_packed, use_kernel=True))),
         (decoder.KVCache, "compact_with_index_ops",

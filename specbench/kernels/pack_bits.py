@@ -16,7 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from specbench.kernels.device import require_kernel_device
-from specbench.kernels.masks import BITS, num_words
+from specbench.kernels.masks import BITS, num_words, pack_tree_mask
 
 TILE = 4096  # mask entries a program loads at once (rows x words x 32)
 
@@ -56,3 +56,8 @@ def pack_tree_mask_kernel(mask: Tensor) -> Tensor:
             flat, out, n, m, w, flat.stride(0), flat.stride(1), flat.stride(2), out.stride(0), out.stride(1),
             ROWS=rows, WORDS=words, num_warps=4)
     return out.reshape(*mask.shape[:-1], w)
+
+
+def pack_bits(mask: Tensor) -> Tensor:
+    """`masks.pack_tree_mask`'s words: one launch where the mask is on CUDA, the tensor ops elsewhere (the CPU)."""
+    return pack_tree_mask_kernel(mask) if mask.is_cuda else pack_tree_mask(mask)

@@ -15,16 +15,14 @@ from __future__ import annotations
 from torch import Tensor
 
 from specbench.kernels.decode_attention import decode_attention
-from specbench.kernels.masks import pack_tree_mask
-from specbench.kernels.pack_bits import pack_tree_mask_kernel
+from specbench.kernels.pack_bits import pack_bits
 from specbench.kernels.tree_attention import tree_attention
 from specbench.models.decoder import AttentionMeta
 
 
 def _tree_bits(meta: AttentionMeta) -> Tensor:
     if meta.tree_bits is None:
-        pack = pack_tree_mask_kernel if meta.tree_mask.is_cuda else pack_tree_mask  # the same words
-        meta.tree_bits = pack(meta.tree_mask)  # [B, N, W] int32
+        meta.tree_bits = pack_bits(meta.tree_mask)  # [B, N, W] int32
     return meta.tree_bits
 
 

@@ -11,7 +11,7 @@ pytest.importorskip("triton", reason="Triton is not importable: the kernel tests
 from kernel_cases import random_parents  # noqa: E402
 
 from specbench.kernels.masks import ancestor_masks, pack_tree_mask, unpack_tree_mask  # noqa: E402
-from specbench.kernels.pack_bits import pack_tree_mask_kernel  # noqa: E402
+from specbench.kernels.pack_bits import pack_bits, pack_tree_mask_kernel  # noqa: E402
 
 
 @pytest.mark.parametrize("n,m", [(1, 1), (3, 31), (5, 32), (7, 33), (65, 65), (17, 96), (130, 130), (2, 1100)])
@@ -24,6 +24,7 @@ def test_random_masks_equal_the_reference(device, n: int, m: int) -> None:
     assert got.dtype == torch.int32 and got.shape == want.shape
     assert torch.equal(got, want)
     assert torch.equal(unpack_tree_mask(got, m), mask)
+    assert torch.equal(pack_bits(mask.to(device)).cpu(), want)  # what the callers use: the kernel on CUDA
 
 
 def test_tree_masks_and_the_causal_default(device) -> None:

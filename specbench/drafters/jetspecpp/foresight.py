@@ -42,7 +42,6 @@ from specbench.drafters.heads.backbone import DraftHead
 from specbench.drafters.heads.masks import block_pattern
 from specbench.drafters.heads.drafter import BlockPlan
 from specbench.drafters.jetspecpp.decoder import SliceDecoder, cached_layers
-from specbench.kernels.masks import pack_tree_mask
 from specbench.models.decoder import AttentionFn, AttentionMeta, KVCache, is_triton_backend, residual_sum, sdpa_attention
 from specbench.trees.base import DraftTree
 
@@ -79,10 +78,10 @@ def flat_attention(keys: Tensor, kv_len: int) -> AttentionFn:
     whole cache for SDPA, read without the slots past the rows: SDPA with that dense mask reads every
     one of the kv_len slots (~43 us a layer over a 2,048-slot cache on the H200, profiled; the kernel
     reads the committed length only)."""
-    from specbench.kernels.pack_bits import pack_tree_mask_kernel  # imports Triton: CUDA only
+    from specbench.kernels.pack_bits import pack_bits  # imports Triton: CUDA only
     from specbench.kernels.tree_attention import context_attention
 
-    bits = (pack_tree_mask_kernel if keys.is_cuda else pack_tree_mask)(keys)[None]  # [1, Q, W], one launch on CUDA
+    bits = pack_bits(keys)[None]  # [1, Q, W]
     new = keys.shape[1]
 
     def attend(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMeta, scale: float) -> Tensor:
