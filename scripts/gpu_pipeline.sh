@@ -17,10 +17,12 @@
 #            up becomes TRAIN_AUTOCAST for the train phases after it (TRAIN_CHOICE=0: not; TRAINBENCH_S its timeout)
 #   resume   the same for the run staged in $RUN (scripts/gpu_train_session.sh stage-in), rescheduled at
 #            RATE steps/s (measured by the run that made it) to end by TRAIN_END_S
-#   int4     $RUN/heads rounded to int4 by GPTQ as they ship (specbench head-convert --calibrate, every head at once on
-#            this machine's cores, INT4_THREADS each; ~40 s for the three block heads), into $P/int4 and back as a bundle;
-#            TAU_HEADS_DIR=/root/pipe/int4 then replays the int4 heads
-#   tau      tau by exact replay of $RUN/heads (TAU_HEADS_DIR: other heads, "shipped": the shipped ones;
+#   int4     $RUN/heads rounded by GPTQ as they ship (specbench head-convert --calibrate, every head at once on this
+#            machine's cores, INT4_THREADS each; ~40 s for the three block heads) into $P/<kind> for each KIND[:GROUP] of
+#            INT_KINDS (default int4; e.g. "int4 int3:192": int3 in groups of 192 columns; the group defaults to 64), each
+#            back as a bundle;
+#            TAU_HEADS_DIR=/root/pipe/int4 then replays the int4 heads (TAU_HEADS="a=DIR,b=DIR": labelled sets at once)
+#   tau      tau by exact replay of $RUN/heads (TAU_HEADS_DIR: other heads, "shipped": the shipped ones; TAU_HEADS: LABEL=DIR,...;
 #            scripts/tau_table.py: TAU_N items of TAU_DATASETS, default GSM8K and MATH-500, budgets 16/64/256;
 #            TAU_ROWS: a table (.jsonl[.gz]) to resume) until TAU_END_S
 #            TAU_DEVICE=cpu (and JPP_DEVICE=cpu below): replay on the machine's CPU cores, e.g. as "tau&" beside a
@@ -184,21 +186,26 @@ phase_resume() {
   log "resume done"; touch $P/train.done
 }
 
-phase_int4() {  # each head's GPTQ errors in $P/int4/<head>.txt, beside it (tau_table reads only DIR/<drafter>/)
-  local I=$P/int4 h; rm -rf $I; mkdir -p $I
-  log "int4: GPTQ of $(ls $RUN/heads | tr '\n' ' ')"
-  for h in $(ls $RUN/heads); do
-    timeout ${INT4_S:-900} python3 -m specbench.cli head-convert $RUN/heads/$h $I/$h --storage int4 --calibrate $SPECBENCH_DATA \
-      --threads ${INT4_THREADS:-5} > $I/$h.txt 2>&1 || failed "head-convert $h" $? &
+phase_int4() {  # each head's GPTQ errors in $P/<kind>/<head>.txt, beside it (tau_table reads only DIR/<drafter>/)
+  local spec kind group I h
+  for spec in ${INT_KINDS:-int4}; do
+    kind=${spec%%:*}; group=64; [ "$spec" != "$kind" ] && group=${spec#*:}
+    I=$P/$kind; rm -rf $I; mkdir -p $I
+    log "$kind: GPTQ of $(ls $RUN/heads | tr '\n' ' ')(groups of $group columns)"
+    for h in $(ls $RUN/heads); do
+      timeout ${INT4_S:-900} python3 -m specbench.cli head-convert $RUN/heads/$h $I/$h --storage $kind --group $group \
+        --calibrate $SPECBENCH_DATA --threads ${INT4_THREADS:-5} > $I/$h.txt 2>&1 || failed "head-convert $h $kind" $? &
+    done
+    wait
+    tail -n 2 $I/*.txt
+    bundle pack $kind-heads $kind --spool $SPOOL --base $P --chunk-mib 14
   done
-  wait
-  tail -n 2 $I/*.txt
-  bundle pack int4-heads int4 --spool $SPOOL --base $P --chunk-mib 14
 }
 
 phase_tau() {
   local T=$P/tau heads="--heads-dir ${TAU_HEADS_DIR:-$RUN/heads}"; mkdir -p $T
   [ "${TAU_HEADS_DIR:-}" = shipped ] && heads=""
+  [ -n "${TAU_HEADS:-}" ] && heads="--heads $TAU_HEADS"  # labelled head sets, e.g. int4 beside int3 of one run
   [ -n "${TAU_ROWS:-}" ] && zcat -f "$TAU_ROWS" > $T/tau.jsonl  # resume a table kept in the repository
   log "tau by replay: ${TAU_DATASETS:-gsm8k,math500}, ${heads:-the shipped heads}"
   timeout $(left ${TAU_END_S:-600}) python3 scripts/tau_table.py --device ${TAU_DEVICE:-$DEVICE} --replay ${REPLAY:-auto} --data $SPECBENCH_DATA $heads \

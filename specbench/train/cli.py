@@ -444,7 +444,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 def cmd_head_convert(args: argparse.Namespace) -> int:
     """Load a head (fingerprint-checked against its target), write it in `--storage`, print the sizes."""
-    from specbench.drafters.heads.checkpoint import CONFIG_FILE
+    from specbench.drafters.heads.checkpoint import CONFIG_FILE, GROUP_BITS
     from specbench.models import load_target
     from specbench.train.head_quant import convert_head
     from specbench.train.regen import training_prompt_ids
@@ -454,10 +454,11 @@ def cmd_head_convert(args: argparse.Namespace) -> int:
         raise SystemExit(f"specbench head-convert: {str(src)!r} is not a head directory (no {CONFIG_FILE})")
     if dest.resolve() == src.resolve():
         raise SystemExit("specbench head-convert: DEST must differ from HEAD (the source is read while DEST is written)")
-    if args.int4_group < 2 or args.int4_group % 2:
-        raise SystemExit(f"specbench head-convert: --int4-group must be an even number >= 2, got {args.int4_group}")
-    if args.calibrate is not None and args.storage != "int4":
-        raise SystemExit(f"specbench head-convert: --calibrate rounds int4 codes; --storage is {args.storage!r}")
+    if args.group < 8 or args.group % 8:
+        raise SystemExit(f"specbench head-convert: --group must be a multiple of 8, got {args.group}")
+    if args.calibrate is not None and args.storage not in GROUP_BITS:
+        raise SystemExit(f"specbench head-convert: --calibrate rounds group codes (int4, int3); --storage is "
+                         f"{args.storage!r}")
     tree, _, budget = (args.calibration_tree or "").partition(":")
     if budget and not budget.isdigit():
         raise SystemExit(f"specbench head-convert: --calibration-tree takes POLICY:BUDGET, got {args.calibration_tree!r}")
@@ -473,7 +474,7 @@ def cmd_head_convert(args: argparse.Namespace) -> int:
         prompts = training_prompt_ids(target, args.calibrate, DEFAULT_SETS.split(","), max_prompt_len=384,
                                       limit=args.calibration_prompts, seed=args.seed)
     done = convert_head(src, dest, target, args.storage, prompts=prompts, tree=tree or None,
-                        budget=int(budget or 64), max_new_tokens=args.max_new_tokens, group=args.int4_group)
+                        budget=int(budget or 64), max_new_tokens=args.max_new_tokens, group=args.group)
     print(f"{src} ({done.src_bytes:,} bytes) -> {dest} ({done.dest_bytes:,} bytes, {args.storage})")
     if done.errors:
         print(done.summary())
@@ -505,20 +506,21 @@ def register(subparsers: Any) -> None:
     k.add_argument("--with", dest="with_", action="append", choices=["heads", "snapshots", "plots"],
                    help="also copy this folder of the run")
     k.set_defaults(func=cmd_pack)
-    c = subparsers.add_parser("head-convert", help="store a trained head in another kind (int8, int4 or fp32)")
+    c = subparsers.add_parser("head-convert", help="store a trained head in another kind (int8, int4, int3 or fp32)")
     c.add_argument("head", help="a head directory (head.safetensors + config.json)")
     c.add_argument("dest", help="where the converted head goes")
     c.add_argument("--storage", required=True, choices=STORAGE,
                    help="the new kind; converting a quantized head quantizes its dequantized weights again")
     c.add_argument("--target", default=None, help="target to check the head against (default: the one its config names)")
     c.add_argument("--calibrate", default=None, metavar="DATA_DIR",
-                   help="int4: round by GPTQ on the head's inputs while it drafts training prompts from DATA_DIR")
+                   help="int4 / int3: round by GPTQ on the head's inputs while it drafts training prompts from DATA_DIR")
     c.add_argument("--calibration-prompts", type=int, default=16, help="training prompts drafted for --calibrate")
     c.add_argument("--calibration-tree", default=None, metavar="POLICY:BUDGET",
                    help="tree the calibration drafts with (default ddtree:64, or the drafter's first policy)")
     c.add_argument("--max-new-tokens", type=int, default=128, help="length of each calibration continuation")
-    c.add_argument("--int4-group", type=int, default=64, help="int4: input columns per scale (32: finer scales, less error, "
-                                                              "for 11 %% more bytes than 64)")
+    c.add_argument("--group", "--int4-group", dest="group", type=int, default=64,
+                   help="int4 / int3: input columns per scale and low, a multiple of 8 (32: finer scales, less error, "
+                        "11 %% more bytes than 64 at int4; 128: 6 %% fewer)")
     c.add_argument("--threads", type=int, default=1, help="torch CPU threads for calibration")
     c.add_argument("--seed", type=int, default=0, help="which training prompts (a shuffle seed)")
     c.set_defaults(func=cmd_head_convert)

@@ -1,4 +1,4 @@
-"""`specbench head-convert`'s work: store a trained head in another kind, int4 optionally rounded by GPTQ
+"""`specbench head-convert`'s work: store a trained head in another kind, int4 / int3 optionally rounded by GPTQ
 on the head's own inputs (specbench/drafters/heads/gptq.py says why).
 
 Calibration drafts by exact replay (specbench.bench.replay) on the greedy continuations of training
@@ -15,8 +15,8 @@ from typing import Sequence
 
 import torch
 
-from specbench.drafters.heads.checkpoint import (CONFIG_FILE, INT4_GROUP, WEIGHTS_FILE, dequantize_int4, load_head,
-                                                 quantize_int4, save_state)
+from specbench.drafters.heads.checkpoint import (CONFIG_FILE, GROUP, GROUP_BITS, WEIGHTS_FILE, dequantize_groups,
+                                                 load_head, quantize_groups, save_state)
 from specbench.drafters.heads.gptq import InputGrams, drafter_weights, output_error, quantize_state
 from specbench.models.target import TargetModel
 
@@ -27,7 +27,7 @@ class Conversion:
 
     src_bytes: int
     dest_bytes: int
-    errors: dict[str, tuple[float, float]]  # name -> (plain int4, gptq) relative output error
+    errors: dict[str, tuple[float, float]]  # name -> (plain rounding, gptq) relative output error
     uncalibrated: list[str]  # 2-D weights no calibration input reached (rounded plainly)
     rows: int  # calibration input rows seen (the most any weight saw)
 
@@ -61,9 +61,9 @@ def input_grams(drafter: object, prompts: Sequence[Sequence[int]], tree: str, bu
 
 def convert_head(src: Path, dest: Path, target: TargetModel, storage: str, *, prompts: Sequence[Sequence[int]] = (),
                  tree: str | None = None, budget: int = 64, max_new_tokens: int = 128,
-                 group: int = INT4_GROUP) -> Conversion:
-    """Write the head in `src` to `dest` as `storage`; with `prompts` (int4 only), GPTQ-rounded on the
-    inputs the head sees while drafting them."""
+                 group: int = GROUP) -> Conversion:
+    """Write the head in `src` to `dest` as `storage`; with `prompts` (int4 / int3 only), GPTQ-rounded on
+    the inputs the head sees while drafting them."""
     import json
 
     from specbench.drafters import DRAFTERS
@@ -71,22 +71,24 @@ def convert_head(src: Path, dest: Path, target: TargetModel, storage: str, *, pr
     state, config = load_head(src, target)
     codes, errors, uncalibrated, rows = {}, {}, [], 0
     if prompts:
-        if storage != "int4":
-            raise ValueError(f"calibration rounds int4 codes; --storage is {storage!r} (pass --storage int4 "
-                             f"or drop --calibrate)")
+        if storage not in GROUP_BITS:
+            raise ValueError(f"calibration rounds group codes (int4, int3); --storage is {storage!r} (pass "
+                             f"--storage int4 or int3, or drop --calibrate)")
+        bits = GROUP_BITS[storage]
         kind = json.loads((src / CONFIG_FILE).read_text())["head"]["drafter"]
         cls = DRAFTERS.get(kind)
         tree = tree or ("ddtree" if "ddtree" in cls.policy_names() else cls.policy_names()[0])
         drafter = DRAFTERS.build(kind, target, checkpoint=str(src), **cls.weights.calibrate)
         live = drafter_weights(drafter, state)
         grams = input_grams(drafter, prompts, tree, budget, max_new_tokens, live)
-        codes = quantize_state(state, grams.grams, group)
+        codes = quantize_state(state, grams.grams, group, bits)
         rows = max(grams.rows.values(), default=0)
         for name, (c, s, lo) in codes.items():
             w, gram = state[name].float(), grams.grams[name]
-            plain = dequantize_int4(*quantize_int4(w, group), w.shape[1])
-            errors[name] = (output_error(w, plain, gram), output_error(w, dequantize_int4(c, s, lo, w.shape[1]), gram))
+            plain = dequantize_groups(*quantize_groups(w, bits, group), w.shape[1], bits)
+            rounded = dequantize_groups(c, s, lo, w.shape[1], bits)
+            errors[name] = (output_error(w, plain, gram), output_error(w, rounded, gram))
         uncalibrated = sorted(n for n, t in state.items() if t.ndim == 2 and t.is_floating_point() and n not in codes)
-    save_state(dest, state, config, target, storage=storage, int4_codes=codes, int4_group=group)
+    save_state(dest, state, config, target, storage=storage, codes=codes, group=group)
     return Conversion((src / WEIGHTS_FILE).stat().st_size, (dest / WEIGHTS_FILE).stat().st_size, errors,
                       uncalibrated, rows)

@@ -1,5 +1,5 @@
-"""Head checkpoints: exact fp32 round trip, int8 within its rounding bound, int4 codes packed losslessly
-with each group's error no worse than plain min/max rounding, conversion between kinds, a clear error on
+"""Head checkpoints: exact fp32 round trip, int8 within its rounding bound, int4 and int3 codes packed
+losslessly with each group's error no worse than plain min/max rounding, conversion between kinds, a clear error on
 another target, and a target identity that does not depend on the dtype the target was loaded in."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from specbench.drafters.heads.backbone import DraftHead, HeadConfig
-from specbench.drafters.heads.checkpoint import (INT4_GROUP, HeadCheckpointError, dequantize_int4, load_head,
-                                                 quantize_int4, quantize_int8, save_head)
+from specbench.drafters.heads.checkpoint import (GROUP, HeadCheckpointError, dequantize_groups, load_head, pack_codes,
+                                                 quantize_groups, quantize_int8, save_head, unpack_codes)
 from specbench.drafters.heads.parallel import JetSpecDrafter
 from specbench.models import load_target
 
@@ -52,34 +52,51 @@ def test_quantize_int8_uses_per_row_scales() -> None:
     torch.testing.assert_close(q.float() * scale, w, atol=float(scale.max()) / 2, rtol=0)
 
 
-def test_int4_codes_pack_two_per_byte_and_unpack_exactly() -> None:
+@pytest.mark.parametrize("bits", [4, 3])
+def test_codes_pack_and_unpack_exactly(bits: int) -> None:
+    g = torch.Generator().manual_seed(bits)
+    q = torch.randint(0, 2 ** bits, (7, 3 * 64), generator=g, dtype=torch.uint8)
+    packed = pack_codes(q, bits)
+    assert packed.dtype == torch.uint8 and packed.shape == (7, 3 * 64 * bits // 8)
+    assert torch.equal(unpack_codes(packed, bits), q)
+    if bits == 4:  # the layout int4 heads were written in: low nibble first
+        assert torch.equal(packed, q[:, 0::2] | (q[:, 1::2] << 4))
+
+
+@pytest.mark.parametrize("bits", [4, 3])
+def test_group_codes_dequantize_to_their_levels(bits: int) -> None:
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(5, 2 * INT4_GROUP + 10, generator=g)  # a ragged last group: padded, cut at load
-    codes, scale, low = quantize_int4(w)
-    assert codes.dtype == torch.uint8 and codes.shape == (5, 3 * INT4_GROUP // 2)
+    top = 2 ** bits - 1
+    w = torch.randn(5, 2 * GROUP + 10, generator=g)  # a ragged last group: padded, cut at load
+    codes, scale, low = quantize_groups(w, bits)
+    assert codes.dtype == torch.uint8 and codes.shape == (5, 3 * GROUP * bits // 8)
     assert scale.dtype == low.dtype == torch.float16 and scale.shape == low.shape == (5, 3)
-    back = dequantize_int4(codes, scale, low, w.shape[1])
+    back = dequantize_groups(codes, scale, low, w.shape[1], bits)
     assert back.shape == w.shape
-    # every value is one of its group's 16 levels, and re-quantizing the dequantized weight is a fixed point
-    # on the full groups (the ragged one shares its group with padding zeros, which are not on its levels)
-    levels = (back[:, :INT4_GROUP] - low[:, :1].float()) / scale[:, :1].float()
+    # every value is one of its group's 2^bits levels, and re-quantizing the dequantized weight is a fixed
+    # point on the full groups (the ragged one shares its group with padding zeros, which are not on its levels)
+    levels = (back[:, :GROUP] - low[:, :1].float()) / scale[:, :1].float()
     torch.testing.assert_close(levels, levels.round(), atol=1e-3, rtol=0)
-    assert float(levels.min()) > -1e-3 and float(levels.max()) < 15 + 1e-3
-    codes2, scale2, low2 = quantize_int4(back)
-    full = 2 * INT4_GROUP
-    torch.testing.assert_close(dequantize_int4(codes2, scale2, low2, w.shape[1])[:, :full], back[:, :full],
+    assert float(levels.min()) > -1e-3 and float(levels.max()) < top + 1e-3
+    codes2, scale2, low2 = quantize_groups(back, bits)
+    full = 2 * GROUP
+    torch.testing.assert_close(dequantize_groups(codes2, scale2, low2, w.shape[1], bits)[:, :full], back[:, :full],
                                atol=1e-3, rtol=0)
+    if bits == 3:
+        with pytest.raises(ValueError, match="multiple of 8"):
+            quantize_groups(w, 3, group=12)
 
 
-def test_int4_clipping_never_does_worse_than_min_max_rounding() -> None:
+@pytest.mark.parametrize("bits", [4, 3])
+def test_group_clipping_never_does_worse_than_min_max_rounding(bits: int) -> None:
     g = torch.Generator().manual_seed(1)
-    w = torch.randn(64, 4 * INT4_GROUP, generator=g)
-    back = dequantize_int4(*quantize_int4(w), w.shape[1])
-    grouped = w.view(64, 4, INT4_GROUP)
+    w = torch.randn(64, 4 * GROUP, generator=g)
+    back = dequantize_groups(*quantize_groups(w, bits), w.shape[1], bits)
+    grouped = w.view(64, 4, GROUP)
     lo, hi = grouped.amin(2, keepdim=True), grouped.amax(2, keepdim=True)
-    step = (hi - lo) / 15
+    step = (hi - lo) / (2 ** bits - 1)
     plain = torch.round((grouped - lo) / step) * step + lo
-    err = ((back.view(64, 4, INT4_GROUP) - grouped) ** 2).sum(2)  # [rows, groups]
+    err = ((back.view(64, 4, GROUP) - grouped) ** 2).sum(2)  # [rows, groups]
     plain_err = ((plain - grouped) ** 2).sum(2)
     assert bool((err <= plain_err * 1.01 + 1e-6).all())  # never worse (fp16 scales round a little)
     assert float(err.sum()) < 0.97 * float(plain_err.sum())  # and a clipped range wins on Gaussian groups
@@ -103,8 +120,15 @@ def test_int4_head_round_trip_and_conversion(tiny, tmp_path) -> None:
     JetSpecDrafter(tiny, checkpoint=str(tmp_path / "i4"))  # loads into the drafter
     state8, _ = load_head(tmp_path / "i8", tiny)
     save_state(tmp_path / "i8to4", state8, config, tiny, storage="int4")
-    size = {k: (tmp_path / k / "head.safetensors").stat().st_size for k in ("i8", "i4", "i8to4")}
-    assert size["i4"] < 0.65 * size["i8"] and size["i8to4"] == size["i4"]
+    save_state(tmp_path / "i3", state4, config, tiny, storage="int3")
+    state3, _ = load_head(tmp_path / "i3", tiny)
+    for name, t in head.state_dict().items():
+        if t.ndim == 2:  # three bits: about twice int4's error, still a rounding of the same weight
+            rel = float((state3[name] - t).norm() / t.norm())
+            assert 0 < rel < 0.3, (name, rel)
+    JetSpecDrafter(tiny, checkpoint=str(tmp_path / "i3"))
+    size = {k: (tmp_path / k / "head.safetensors").stat().st_size for k in ("i8", "i4", "i8to4", "i3")}
+    assert size["i4"] < 0.65 * size["i8"] and size["i8to4"] == size["i4"] and size["i3"] < 0.85 * size["i4"]
     with pytest.raises(ValueError, match="--head-storage"):
         save_head(tmp_path / "bad", head, head.config.to_dict(), tiny, storage="int2")
 

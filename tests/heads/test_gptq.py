@@ -1,13 +1,14 @@
-"""GPTQ int4 rounding of heads: the input Gram matrices it reads are exact, it beats plain rounding on
+"""GPTQ int4 / int3 rounding of heads: the input Gram matrices it reads are exact, it beats plain rounding on
 the output error it minimises, and converting a trained head reaches every weight that drafting uses."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from specbench.drafters.heads.checkpoint import INT4_GROUP, dequantize_int4, quantize_int4
-from specbench.drafters.heads.gptq import InputGrams, gptq_int4, output_error
+from specbench.drafters.heads.checkpoint import GROUP, dequantize_groups, quantize_groups
+from specbench.drafters.heads.gptq import InputGrams, gptq_round, output_error
 
 
 def _correlated_inputs(n: int, cols: int, sample_seed: int, law_seed: int = 0) -> torch.Tensor:
@@ -48,26 +49,27 @@ def test_input_grams_split_a_batched_product_over_the_weights_it_stacks() -> Non
     assert grams.rows == {"tap0": 10, "tap1": 10, "tap2": 10}
 
 
-def test_gptq_beats_plain_rounding_on_the_output_error() -> None:
+@pytest.mark.parametrize("bits", [4, 3])
+def test_gptq_beats_plain_rounding_on_the_output_error(bits: int) -> None:
     g = torch.Generator().manual_seed(1)
-    cols = 4 * INT4_GROUP
+    cols = 4 * GROUP
     w = torch.randn(48, cols, generator=g) * 0.05
     x = _correlated_inputs(2048, cols, sample_seed=2)
     gram = x.double().T @ x.double()
-    plain = dequantize_int4(*quantize_int4(w), cols)
-    in_order = output_error(w, dequantize_int4(*gptq_int4(w, gram, act_order=False), cols), gram)
-    codes, scale, low = gptq_int4(w, gram)
-    assert codes.shape == (48, cols // 2) and scale.shape == low.shape == (48, 4)
-    rounded = dequantize_int4(codes, scale, low, cols)
+    plain = dequantize_groups(*quantize_groups(w, bits), cols, bits)
+    in_order = output_error(w, dequantize_groups(*gptq_round(w, gram, bits=bits, act_order=False), cols, bits), gram)
+    codes, scale, low = gptq_round(w, gram, bits=bits)
+    assert codes.shape == (48, cols * bits // 8) and scale.shape == low.shape == (48, 4)
+    rounded = dequantize_groups(codes, scale, low, cols, bits)
     e_plain, e_gptq = output_error(w, plain, gram), output_error(w, rounded, gram)
     assert e_gptq < 0.9 * e_plain and in_order < 0.9 * e_plain, (e_plain, in_order, e_gptq)
     assert e_gptq < in_order  # loud inputs first: act order wins on inputs of unequal scales
     # the error on held-out inputs of the same law falls too (it is not fitted to the calibration rows)
     held = _correlated_inputs(512, cols, sample_seed=3)
     assert float(((rounded - w) @ held.T).norm()) < float(((plain - w) @ held.T).norm())
-    # each value is still one of its group's 16 levels
-    levels = (rounded.view(48, 4, INT4_GROUP) - low.float()[:, :, None]) / scale.float()[:, :, None]
-    torch.testing.assert_close(levels, levels.round().clamp(0, 15), atol=2e-3, rtol=0)
+    # each value is still one of its group's 2^bits levels
+    levels = (rounded.view(48, 4, GROUP) - low.float()[:, :, None]) / scale.float()[:, :, None]
+    torch.testing.assert_close(levels, levels.round().clamp(0, 2 ** bits - 1), atol=2e-3, rtol=0)
 
 
 def test_converting_trained_heads_calibrates_every_weight(tiny, trained_tiny_heads, tmp_path) -> None:

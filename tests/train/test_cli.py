@@ -116,8 +116,8 @@ def test_a_setting_a_head_does_not_take_names_the_flag(tmp_path) -> None:
 
 
 def test_head_convert_writes_int4_that_loads(tmp_path, capsys) -> None:
-    """`specbench head-convert`: an exported int8 head stored again as int4 (about half the bytes) loads into
-    its drafter; converting onto the source itself is refused."""
+    """`specbench head-convert`: an exported int8 head stored again as int4 (about half the bytes) and as int3
+    loads into its drafter; converting onto the source itself and a group int3 cannot pack are refused."""
     from specbench.drafters.heads.parallel import DFlashDrafter
     from specbench.models import load_target
 
@@ -129,6 +129,11 @@ def test_head_convert_writes_int4_that_loads(tmp_path, capsys) -> None:
     DFlashDrafter(load_target("random:tiny-llama"), checkpoint=str(dest))
     with pytest.raises(SystemExit, match="DEST must differ"):
         main(["head-convert", str(src), str(src), "--storage", "int4"])
+    assert main(["head-convert", str(src), str(tmp_path / "int3"), "--storage", "int3"]) == 0
+    assert (tmp_path / "int3" / "head.safetensors").stat().st_size < (dest / "head.safetensors").stat().st_size
+    DFlashDrafter(load_target("random:tiny-llama"), checkpoint=str(tmp_path / "int3"))
+    with pytest.raises(SystemExit, match="--group must be a multiple of 8"):
+        main(["head-convert", str(src), str(tmp_path / "x"), "--storage", "int3", "--group", "12"])
     bare = tmp_path / "bare"  # a config that does not say which target the head drafts for
     bare.mkdir()
     (bare / "config.json").write_text("{}")

@@ -3,13 +3,15 @@
 Storage (`storage=`), chosen to ship heads inside a small repository; every kind is dequantized at load
 and only 2-D weights are quantized (1-D weights — norms, the mask embedding — stay fp32):
 * "int8": one fp32 scale per output channel (row), w ~= q * scale, q = round(w / scale), scale = max|row| / 127.
-* "int4": asymmetric 4-bit codes over groups of `INT4_GROUP` input columns, w ~= q * scale + low with
-  q in 0..15 packed two to a byte, fp16 scale and low per group; each group's range is shrunk to the
-  clipping (of `CLIPPING`) that minimises its squared error, which trades the extremes' error for finer
-  steps (on the default target's dflash head: 8.6 % relative error instead of 9.0 % for plain min/max).
-  Half the bytes of int8: what lets all five heads of the default target ship together.
+* "int4" / "int3": asymmetric codes over groups of `GROUP` input columns (by default), w ~= q * scale + low
+  with q in 0..2^bits - 1, fp16 scale and low per group; each group's range is shrunk to the clipping (of
+  `CLIPPING`) that minimises its squared error, which trades the extremes' error for finer steps (on the
+  default target's dflash head at 4 bits: 8.6 % relative error instead of 9.0 % for plain min/max). int4
+  packs two codes to a byte; int3 packs eight codes into three bytes, one bit plane each. int4 is half the
+  bytes of int8, what let all five heads of the default target ship together; int3 (3.5 bits a weight with
+  its scales at groups of 64, 3.25 at 128) is what lets deeper heads ship in the same room.
 * "fp32": no quantization (training checkpoints, tests).
-A file of either quantized kind is recognised by its tensors' suffixes, so heads written before int4
+A file of any quantized kind is recognised by its tensors' suffixes, so heads written before int4
 existed load unchanged.
 
 The config records the target's fingerprint (`TargetModel.fingerprint`, equal for bf16 and fp32 loads
@@ -32,9 +34,10 @@ from specbench.models.target import TargetModel
 WEIGHTS_FILE = "head.safetensors"
 CONFIG_FILE = "config.json"
 SCALE_SUFFIX = ".int8_scale"
-INT4_SUFFIXES = (".int4_scale", ".int4_low", ".int4_cols")
-INT4_GROUP = 64
-STORAGE = ("int8", "int4", "fp32")
+GROUP_BITS = {"int4": 4, "int3": 3}
+"""group-quantized storage kinds -> bits per code"""
+GROUP = 64
+STORAGE = ("int8", "int4", "int3", "fp32")
 FORMAT_VERSION = 1
 
 
@@ -55,19 +58,28 @@ def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
-CLIPPING = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)  # fractions of a group's [low, high] range searched for int4
+CLIPPING = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)  # fractions of a group's [low, high] range searched
 
 
-def int4_group_params(groups: Tensor) -> tuple[Tensor, Tensor]:
+def group_suffixes(kind: str) -> tuple[str, str, str]:
+    """The names a group-quantized weight's scale, low and column count are stored under (after its own)."""
+    return f".{kind}_scale", f".{kind}_low", f".{kind}_cols"
+
+
+QUANT_SUFFIXES = (SCALE_SUFFIX, *(s for kind in GROUP_BITS for s in group_suffixes(kind)))
+
+
+def group_params(groups: Tensor, bits: int = 4) -> tuple[Tensor, Tensor]:
     """groups [out, G, g] -> (scale, low) [out, G, 1] of the clipping (of `CLIPPING`) with the least
-    squared rounding error per group; both rounded to fp16, as stored."""
+    squared rounding error per group on 2^bits levels; both rounded to fp16, as stored."""
+    top = 2 ** bits - 1
     lo, hi = groups.amin(dim=2, keepdim=True), groups.amax(dim=2, keepdim=True)  # [out, G, 1]
     mid = (lo + hi) / 2
     best_err = best_scale = best_low = None
     for frac in CLIPPING:
         low = (mid - (mid - lo) * frac).half().float()
-        scale = ((hi - lo) * frac / 15).clamp_min(1e-8).half().float()
-        q = torch.round((groups - low) / scale).clamp_(0, 15)
+        scale = ((hi - lo) * frac / top).clamp_min(1e-8).half().float()
+        q = torch.round((groups - low) / scale).clamp_(0, top)
         err = ((q * scale + low - groups) ** 2).sum(dim=2, keepdim=True)  # [out, G, 1]
         if best_err is None:
             best_err, best_scale, best_low = err, scale, low
@@ -78,41 +90,65 @@ def int4_group_params(groups: Tensor) -> tuple[Tensor, Tensor]:
     return best_scale, best_low
 
 
-def quantize_int4(weight: Tensor, group: int = INT4_GROUP) -> tuple[Tensor, Tensor, Tensor]:
-    """weight [out, in] -> (codes uint8 [out, P/2] two per byte, scale fp16 [out, P/g], low fp16 [out, P/g]),
-    P = in rounded up to a multiple of `group` (the padding is zeros, cut off at load)."""
+def pack_codes(q: Tensor, bits: int) -> Tensor:
+    """codes [out, P] (uint8, < 2^bits) -> bytes [out, P * bits / 8]: 4 bits two to a byte (low nibble
+    first); 3 bits as three bit planes of P / 8 bytes each (P a multiple of 8)."""
+    rows, cols = q.shape
+    if bits == 4:
+        return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+    place = (1 << torch.arange(8, dtype=torch.int32))  # [8]
+    eights = q.to(torch.int32).view(rows, cols // 8, 8)  # [out, P/8, 8]
+    planes = [(((eights >> b) & 1) * place).sum(2) for b in range(bits)]  # bits x [out, P/8]
+    return torch.stack(planes, dim=1).to(torch.uint8).view(rows, bits * cols // 8).contiguous()
+
+
+def unpack_codes(codes: Tensor, bits: int) -> Tensor:
+    """The inverse of `pack_codes`: bytes [out, P * bits / 8] -> codes [out, P] (uint8)."""
+    rows = codes.shape[0]
+    if bits == 4:
+        return torch.stack([codes & 15, codes >> 4], dim=2).view(rows, -1)
+    planes = codes.view(rows, bits, -1).to(torch.int32)  # [out, bits, P/8]
+    shifts = torch.arange(8, dtype=torch.int32)
+    q = sum(((planes[:, b, :, None] >> shifts) & 1) << b for b in range(bits))  # [out, P/8, 8]
+    return q.to(torch.uint8).view(rows, -1)
+
+
+def quantize_groups(weight: Tensor, bits: int = 4, group: int = GROUP) -> tuple[Tensor, Tensor, Tensor]:
+    """weight [out, in] -> (codes uint8 [out, P * bits / 8] packed by `pack_codes`, scale fp16 [out, P/g],
+    low fp16 [out, P/g]), P = in rounded up to a multiple of `group` (the padding is zeros, cut off at load)."""
+    if bits == 3 and group % 8:
+        raise ValueError(f"int3 packs eight codes into three bytes: the group ({group}) must be a multiple of 8")
     w = weight.detach().float()
     rows, cols = w.shape
     padded = -(-cols // group) * group
     g = torch.nn.functional.pad(w, (0, padded - cols)).view(rows, padded // group, group)  # [out, G, g]
-    scale, low = int4_group_params(g)
-    q = torch.round((g - low) / scale).clamp_(0, 15).to(torch.uint8).view(rows, padded)  # [out, P]
-    codes = q[:, 0::2] | (q[:, 1::2] << 4)  # [out, P/2]
-    return codes.contiguous(), scale.squeeze(2).half(), low.squeeze(2).half()
+    scale, low = group_params(g, bits)
+    q = torch.round((g - low) / scale).clamp_(0, 2 ** bits - 1).to(torch.uint8).view(rows, padded)  # [out, P]
+    return pack_codes(q, bits), scale.squeeze(2).half(), low.squeeze(2).half()
 
 
-def dequantize_int4(codes: Tensor, scale: Tensor, low: Tensor, cols: int) -> Tensor:
-    """The fp32 weight [out, cols] of `quantize_int4`'s output."""
+def dequantize_groups(codes: Tensor, scale: Tensor, low: Tensor, cols: int, bits: int = 4) -> Tensor:
+    """The fp32 weight [out, cols] of `quantize_groups`' output."""
     rows, groups = scale.shape
-    q = torch.stack([codes & 15, codes >> 4], dim=2).view(rows, groups, -1).float()  # [out, G, g]
+    q = unpack_codes(codes, bits).view(rows, groups, -1).float()  # [out, G, g]
     return (q * scale.float()[:, :, None] + low.float()[:, :, None]).view(rows, -1)[:, :cols]
 
 
 def save_head(directory: str | Path, head: nn.Module, config: dict[str, Any], target: TargetModel, *,
               storage: str = "int8", float_dtype: torch.dtype = torch.float32) -> None:
     """Write the head's weights and `config` (plus the target's identity) into `directory`.
-    storage: "int8" / "int4" (2-D weights quantized, see the module docstring) or "fp32"; other floating
+    storage: "int8" / "int4" / "int3" (2-D weights quantized, see the module docstring) or "fp32"; other floating
     tensors are stored in `float_dtype`."""
     save_state(directory, head.state_dict(), config, target, storage=storage, float_dtype=float_dtype)
 
 
 def save_state(directory: str | Path, state: dict[str, Tensor], config: dict[str, Any], target: TargetModel, *,
                storage: str = "int8", float_dtype: torch.dtype = torch.float32,
-               int4_codes: dict[str, tuple[Tensor, Tensor, Tensor]] | None = None, int4_group: int = INT4_GROUP) -> None:
+               codes: dict[str, tuple[Tensor, Tensor, Tensor]] | None = None, group: int = GROUP) -> None:
     """`save_head` of a state dict (e.g. one `load_head` returned, to store a head in another kind).
-    int4_codes: weights already in `quantize_int4`'s format (e.g. rounded by `gptq.gptq_int4`), stored as
-    given; the other 2-D weights round plainly in groups of `int4_group` columns (the group is implied
-    by the stored shapes, so heads of different groups load alike)."""
+    codes: weights already in `quantize_groups`' format at the storage's bits (e.g. rounded by
+    `gptq.gptq_round`), stored as given; the other 2-D weights of a group kind round plainly in groups of
+    `group` columns (the group is implied by the stored shapes, so heads of different groups load alike)."""
     from safetensors.torch import save_file
 
     if storage not in STORAGE:
@@ -124,10 +160,11 @@ def save_state(directory: str | Path, state: dict[str, Tensor], config: dict[str
         t = t.detach().cpu()
         if storage == "int8" and t.ndim == 2 and t.is_floating_point():
             tensors[name], tensors[name + SCALE_SUFFIX] = quantize_int8(t)
-        elif storage == "int4" and t.ndim == 2 and t.is_floating_point():
-            scale_name, low_name, cols_name = (name + s for s in INT4_SUFFIXES)
-            given = (int4_codes or {}).get(name)
-            tensors[name], tensors[scale_name], tensors[low_name] = given if given is not None else quantize_int4(t, int4_group)
+        elif storage in GROUP_BITS and t.ndim == 2 and t.is_floating_point():
+            scale_name, low_name, cols_name = (name + s for s in group_suffixes(storage))
+            given = (codes or {}).get(name)
+            tensors[name], tensors[scale_name], tensors[low_name] = (
+                given if given is not None else quantize_groups(t, GROUP_BITS[storage], group))
             tensors[cols_name] = torch.tensor([t.shape[1]], dtype=torch.int64)
         else:
             tensors[name] = t.to(float_dtype).contiguous() if t.is_floating_point() else t.contiguous()
@@ -168,12 +205,13 @@ def load_head(directory: str | Path, target: TargetModel,
     raw = load_file(str(d / WEIGHTS_FILE))
     state: dict[str, Tensor] = {}
     for name, t in raw.items():
-        if name.endswith((SCALE_SUFFIX, *INT4_SUFFIXES)):
+        if name.endswith(QUANT_SUFFIXES):
             continue
         scale = raw.get(name + SCALE_SUFFIX)
-        if name + INT4_SUFFIXES[0] in raw:
-            scale_name, low_name, cols_name = (name + s for s in INT4_SUFFIXES)
-            value = dequantize_int4(t, raw[scale_name], raw[low_name], int(raw[cols_name][0]))
+        kind = next((k for k in GROUP_BITS if name + group_suffixes(k)[0] in raw), None)
+        if kind is not None:
+            scale_name, low_name, cols_name = (name + s for s in group_suffixes(kind))
+            value = dequantize_groups(t, raw[scale_name], raw[low_name], int(raw[cols_name][0]), GROUP_BITS[kind])
         else:
             value = t.float() * scale if scale is not None else t
         state[name] = value.to(dtype or target.dtype) if value.is_floating_point() else value

@@ -1,4 +1,4 @@
-"""Error-compensated int4 rounding of a head's weights (GPTQ, Frantar et al. 2022), calibrated on the
+"""Error-compensated int4 / int3 rounding of a head's weights (GPTQ, Frantar et al. 2022), calibrated on the
 head's own inputs while it drafts.
 
 Why: plain per-group rounding to 4 bits (checkpoint.quantize_int4) leaves ~9 % relative weight error on
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specbench.drafters.heads.checkpoint import INT4_GROUP, int4_group_params
+from specbench.drafters.heads.checkpoint import GROUP, group_params, pack_codes
 
 aten = torch.ops.aten
 _PRODUCTS = {aten.linear.default: (0, 1, -1), aten.mm.default: (0, 1, -2), aten.addmm.default: (1, 2, -2),
@@ -108,10 +108,10 @@ def _common_suffix(a: list[str], b: list[str]) -> int:
     return n
 
 
-def gptq_int4(weight: Tensor, gram: Tensor, group: int = INT4_GROUP, damp: float = 0.01, act_order: bool = True,
-              ) -> tuple[Tensor, Tensor, Tensor]:
-    """`checkpoint.quantize_int4`'s format for weight [out, in] (in a multiple of `group`), its codes chosen
-    to keep ||(W - Q) X^T|| small for inputs with Gram matrix `gram` [in, in].
+def gptq_round(weight: Tensor, gram: Tensor, group: int = GROUP, bits: int = 4, damp: float = 0.01,
+               act_order: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """`checkpoint.quantize_groups`' format at `bits` for weight [out, in] (in a multiple of `group`), its
+    codes chosen to keep ||(W - Q) X^T|| small for inputs with Gram matrix `gram` [in, in].
 
     act_order: round the columns in order of decreasing input energy (diag of the Gram), so the loud
     inputs are rounded while every other column can still absorb their error; each group's scale and
@@ -122,7 +122,7 @@ def gptq_int4(weight: Tensor, gram: Tensor, group: int = INT4_GROUP, damp: float
     w = weight.detach().double().clone()  # [out, in]
     rows, cols = w.shape
     if cols % group:
-        raise ValueError(f"gptq_int4 needs in_features ({cols}) to be a multiple of the group ({group})")
+        raise ValueError(f"gptq_round needs in_features ({cols}) to be a multiple of the group ({group})")
     h = gram.double().clone()  # [in, in]
     dead = h.diagonal() == 0  # inputs never seen: any code will do, keep them out of the solve
     h[dead, dead] = 1.0
@@ -134,21 +134,20 @@ def gptq_int4(weight: Tensor, gram: Tensor, group: int = INT4_GROUP, damp: float
     scale = torch.empty(rows, cols // group, dtype=torch.float64)
     low = torch.empty_like(scale)
     if act_order:
-        s_, l_ = int4_group_params(weight.detach().float().view(rows, cols // group, group))
+        s_, l_ = group_params(weight.detach().float().view(rows, cols // group, group), bits)
         scale, low = s_.double().squeeze(2), l_.double().squeeze(2)
     q = torch.empty(rows, cols, dtype=torch.uint8)
     for i in range(cols):
         c = int(order[i])  # the column's place in the weight (and so its group)
         if not act_order and c % group == 0:
-            s_, l_ = int4_group_params(w[:, i:i + group].float()[:, None, :])
+            s_, l_ = group_params(w[:, i:i + group].float()[:, None, :], bits)
             scale[:, c // group], low[:, c // group] = s_.double().reshape(rows), l_.double().reshape(rows)
         sc, lo = scale[:, c // group], low[:, c // group]
-        code = torch.round((w[:, i] - lo) / sc).clamp_(0, 15)  # [out]
+        code = torch.round((w[:, i] - lo) / sc).clamp_(0, 2 ** bits - 1)  # [out]
         err = (w[:, i] - (code * sc + lo)) / hinv[i, i]  # [out]
         w[:, i + 1:] -= err[:, None] * hinv[i, i + 1:][None, :]
         q[:, c] = code.to(torch.uint8)
-    codes = q[:, 0::2] | (q[:, 1::2] << 4)  # [out, in/2]
-    return codes.contiguous(), scale.half(), low.half()
+    return pack_codes(q, bits), scale.half(), low.half()
 
 
 def output_error(weight: Tensor, approx: Tensor, gram: Tensor) -> float:
@@ -157,9 +156,9 @@ def output_error(weight: Tensor, approx: Tensor, gram: Tensor) -> float:
     return float(((e @ h * e).sum() / (w @ h * w).sum()).sqrt())
 
 
-def quantize_state(state: dict[str, Tensor], grams: dict[str, Tensor], group: int = INT4_GROUP,
+def quantize_state(state: dict[str, Tensor], grams: dict[str, Tensor], group: int = GROUP, bits: int = 4,
                    ) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
-    """int4 codes of every weight of `state` that has a Gram matrix and whole groups (the others round
+    """GPTQ codes of every weight of `state` that has a Gram matrix and whole groups (the others round
     plainly at save)."""
-    return {n: gptq_int4(t, grams[n], group) for n, t in state.items()
+    return {n: gptq_round(t, grams[n], group, bits) for n, t in state.items()
             if n in grams and t.ndim == 2 and t.shape[1] % group == 0}
