@@ -29,6 +29,7 @@
 #            training phase, whose GPU work leaves them idle (the replay is fp32 exact either way); REPLAY=host (every
 #            replay step): the host walk instead of the graphed device round that is CUDA's default
 #   jpptau   jetspec++'s refinement grid (scripts/jetspecpp_tau.py, --parallel JPP_PARALLEL or TAU_PARALLEL: JPP_SETTINGS x chain:16,
+#            JPP_HEADS: its --head flags, default the jetspec++ head JPP_HEAD beside the shipped jetspec;
 #            ddtree:64, JPP_N items of the five benchmarks; JPP_ROWS: a grid to resume) until JPP_END_S
 #   ablate   a fresh run of ABL_HEADS with one more head per value of ABL_GRID (from scratch, so the heads
 #            compare at equal tokens) until ABL_TRAIN_END_S (its curves, log and int8 heads go back first, as
@@ -222,7 +223,7 @@ phase_jpptau() {
   [ -n "${JPP_ROWS:-}" ] && zcat -f "$JPP_ROWS" > $J/rows.jsonl  # resume a grid kept in the repository
   log "jetspec++ refinement grid by replay: ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true,J1R1:stale}, n ${JPP_N:-50}"
   timeout $(left ${JPP_END_S:-600}) python3 scripts/jetspecpp_tau.py --device ${JPP_DEVICE:-$DEVICE} --replay ${REPLAY:-auto} --data $SPECBENCH_DATA \
-    --head jetspec++=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} --head jetspec=specbench/heads/jetspec-smollm2-135m \
+    ${JPP_HEADS:---head jetspec++=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} --head jetspec=specbench/heads/jetspec-smollm2-135m} \
     --settings ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true,J1R1:stale} --trees ${JPP_TREES:-chain:16,ddtree:64} \
     --datasets ${JPP_DATASETS:-gsm8k,math500,mbpp,humaneval,mt_bench} --n ${JPP_N:-50} --max-new-tokens ${JPP_TOKENS:-128} \
     --parallel ${JPP_PARALLEL:-${TAU_PARALLEL:-14}} --threads 1 \

@@ -2,9 +2,9 @@
 CUDA graphs (with lookahead) draft round by round the same trees as the same stages run eagerly, and
 both emit the AR greedy tokens, for every state source and the capturable tree policies.
 
-No jetspec++ head ships, so the draft head is the shipped jetspec head (refined by J passes) with an
-untrained adapter of its taps (read-outs perturbed: refreshes move tokens); SPECBENCH_JETSPECPP_HEAD=DIR
-(a trained jetspec++ checkpoint, e.g. one of scripts/gpu_session.py's heads) adds its cases. Run on the
+The draft head is the shipped jetspec head (refined by J passes) with an untrained adapter of its taps
+(read-outs perturbed: refreshes move tokens); SPECBENCH_JETSPECPP_HEAD=DIR (a trained jetspec++ checkpoint, e.g.
+the shipped specbench/heads/jetspec++-smollm2-135m) adds its cases. Run on the
 device: `python -m pytest -m gpu tests/gpu`."""
 
 from __future__ import annotations
