@@ -107,10 +107,12 @@ def unpack_codes(codes: Tensor, bits: int) -> Tensor:
     rows = codes.shape[0]
     if bits == 4:
         return torch.stack([codes & 15, codes >> 4], dim=2).view(rows, -1)
-    planes = codes.view(rows, bits, -1).to(torch.int32)  # [out, bits, P/8]
-    shifts = torch.arange(8, dtype=torch.int32)
-    q = sum(((planes[:, b, :, None] >> shifts) & 1) << b for b in range(bits))  # [out, P/8, 8]
-    return q.to(torch.uint8).view(rows, -1)
+    planes = codes.view(rows, bits, -1)  # [out, bits, P/8]
+    shifts = torch.arange(8, dtype=torch.uint8)
+    q = torch.zeros(rows, planes.shape[2], 8, dtype=torch.uint8)  # [out, P/8, 8]
+    for b in range(bits):
+        q |= ((planes[:, b, :, None] >> shifts) & 1) << b
+    return q.view(rows, -1)
 
 
 def quantize_groups(weight: Tensor, bits: int = 4, group: int = GROUP) -> tuple[Tensor, Tensor, Tensor]:
