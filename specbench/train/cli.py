@@ -519,8 +519,9 @@ def register(subparsers: Any) -> None:
                    help="tree the calibration drafts with (default ddtree:64, or the drafter's first policy)")
     c.add_argument("--max-new-tokens", type=int, default=128, help="length of each calibration continuation")
     c.add_argument("--group", "--int4-group", dest="group", type=int, default=64,
-                   help="int4 / int3: input columns per scale and low, a multiple of 8 (32: finer scales, less error, "
-                        "11 %% more bytes than 64 at int4; 128: 6 %% fewer)")
+                   help="int4 / int3: input columns per scale and low, a multiple of 8 that divides the weights' input "
+                        "widths (those it does not divide round plainly, padded, and are listed); 32: finer scales, 11 %% "
+                        "more bytes than 64 at int4; 192: the shipped int3 heads'")
     c.add_argument("--threads", type=int, default=1, help="torch CPU threads for calibration")
     c.add_argument("--seed", type=int, default=0, help="which training prompts (a shuffle seed)")
     c.set_defaults(func=cmd_head_convert)

@@ -9,7 +9,7 @@ and only 2-D weights are quantized (1-D weights â€” norms, the mask embedding â€
   default target's dflash head at 4 bits: 8.6 % relative error instead of 9.0 % for plain min/max). int4
   packs two codes to a byte; int3 packs eight codes into three bytes, one bit plane each. int4 is half the
   bytes of int8, what let all five heads of the default target ship together; int3 (3.5 bits a weight with
-  its scales at groups of 64, 3.25 at 128) is what lets deeper heads ship in the same room.
+  its scales at groups of 64, 3.17 at 192, the shipped heads') is what lets deeper heads ship in the same room.
 * "fp32": no quantization (training checkpoints, tests).
 A file of any quantized kind is recognised by its tensors' suffixes, so heads written before int4
 existed load unchanged.
