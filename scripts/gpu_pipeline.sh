@@ -17,6 +17,7 @@
 #            up becomes TRAIN_AUTOCAST for the train phases after it (TRAIN_CHOICE=0: not; TRAINBENCH_S its timeout)
 #   resume   the same for the run staged in $RUN (scripts/gpu_train_session.sh stage-in), rescheduled at
 #            RATE steps/s (measured by the run that made it) to end by TRAIN_END_S
+#            (TRAIN_EXTRA="... --snapshot-tokens 35M": the snapshots go back after the report, a bundle each)
 #   int4     $RUN/heads rounded by GPTQ as they ship (specbench head-convert --calibrate, every head at once on this
 #            machine's cores, INT4_THREADS each; ~40 s for the three block heads) into $P/<kind> for each KIND[:GROUP] of
 #            INT_KINDS (default int4; e.g. "int4 int3:192": int3 in groups of 192 columns; the group defaults to 64), each
@@ -142,6 +143,12 @@ report_heads() {  # RUN NAME: report, plots, log and the decayed heads, as bundl
   rm -rf $P/heads && mkdir -p $P/heads && cp -r $run/heads/. $P/heads/
   bundle pack $name-heads heads --spool $SPOOL --base $P --chunk-mib 14
   bundle pack $name-results $name --spool $SPOOL --base $P
+  local s  # each snapshot (--snapshot-tokens in TRAIN_EXTRA: int8 heads at those token counts) as a bundle of its own
+  for s in $(ls -d $run/snapshots/tok* 2>/dev/null); do
+    [ -f $P/sent-$(basename $s) ] && continue
+    rm -rf $ROOT/snap && mkdir -p $ROOT/snap/snapshots && cp -r $s $ROOT/snap/snapshots/
+    bundle pack snapshot-$(basename $s) snapshots --spool $SPOOL --base $ROOT/snap --chunk-mib 14 && touch $P/sent-$(basename $s)
+  done
 }
 
 phase_corpus() {
