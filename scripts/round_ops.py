@@ -88,7 +88,28 @@ def build_drafter(name: str, target: Any, draft_vocab: int) -> Any:
         return DRAFTERS.build(name, target, random_init=True, draft_vocab=draft_vocab)
     if name == "ngram":
         return DRAFTERS.build(name, target, on_device=True, kernel=True)  # the CUDA default: device drafting, one kernel
-    return DRAFTERS.build(name, target, random_init=True)
+    shipped = shipped_head_config(name)
+    if shipped is None:
+        return DRAFTERS.build(name, target, random_init=True)
+    from specbench.drafters.heads.backbone import DraftHead, HeadConfig, default_taps
+
+    layers = target.config.num_layers
+    if max(shipped["taps"]) >= layers:  # a smaller preset: as many taps, spread over its layers
+        shipped = {**shipped, "taps": list(default_taps(layers, len(shipped["taps"])))}
+    head = DraftHead(target.config, HeadConfig.from_dict(shipped)).to(target.device).init_weights(target.model, seed=0)
+    return DRAFTERS.build(name, target, head=head)
+
+
+def shipped_head_config(name: str, target_name: str = "smollm2-135m") -> dict | None:
+    """The shipped `name` head's config.json (its depth, taps, block), for a random head of its shape;
+    None where no block head ships under that name."""
+    from specbench.drafters.heads.checkpoint import CONFIG_FILE, default_head_dir
+
+    path = default_head_dir(name, target_name) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text()).get("head", {})
+    return config if "taps" in config else None
 
 
 @contextlib.contextmanager
@@ -184,11 +205,13 @@ def count_config(config: str, preset: str, rounds: int, level: str, draft_vocab:
     from specbench.models import load_target
 
     target = load_target(f"random:{preset}", device="cpu", dtype=dtype)
-    if config == "AR":
+    if config.upper() == "AR":
         name, tree, budget = None, "chain", 1  # the budget is unused without a drafter
     else:
-        name, tree, b = config.split("/")
-        budget = int(b)
+        parts = config.split("/")
+        if len(parts) != 3 or not parts[2].isdigit():
+            raise SystemExit(f"round_ops: --configs takes AR or DRAFTER/TREE/BUDGET entries, got {config!r}")
+        name, tree, budget = parts[0], parts[1], int(parts[2])
     run_tree = "ddtree-vec" if tree == "ddtree" else tree  # ddtree's builder on CUDA (the same tree)
     drafter = build_drafter(name, target, draft_vocab) if name else None
     dec = SpecDecoder(target, SpecConfig(drafter=name, tree=run_tree, budget=budget), max_seq_len=512, drafter=drafter)

@@ -54,6 +54,8 @@ def test_stages_count_each_triton_launch_of_the_cuda_round(round_ops, config: st
     assert "index_copy_" not in k["commit"]  # the CPU compaction is not counted
     if config.startswith("dflash"):
         assert k["tree"]["triton:_top_b_tree_kernel"] == 1  # ddtree's CUDA builder, one launch
+        shipped = round_ops.shipped_head_config("dflash")  # the random head has the shipped head's depth
+        assert k["draft"]["triton:_attention_kernel"] == shipped["num_layers"]
     if config.startswith("eagle3"):  # eagle2's depth setting 8, budget 8: 8 frontiers, the root's from the feed
         assert k["draft"]["triton:_attention_kernel"] == 7  # context_attention, one a head pass
         assert r["head"]["draft"][1] > 0 and r["head"]["commit"][1] > 0
