@@ -88,7 +88,10 @@ def build_drafter(name: str, target: Any, draft_vocab: int) -> Any:
         return DRAFTERS.build(name, target, random_init=True, draft_vocab=draft_vocab)
     if name == "ngram":
         return DRAFTERS.build(name, target, on_device=True, kernel=True)  # the CUDA default: device drafting, one kernel
-    shipped = shipped_head_config(name)
+    from specbench.drafters.heads.parallel import ParallelHeadDrafter
+
+    # the block heads (a DraftHead each) at the shipped depth; jetspec++ builds its own head (an adapter too)
+    shipped = shipped_head_config(name) if issubclass(DRAFTERS.get(name), ParallelHeadDrafter) else None
     if shipped is None:
         return DRAFTERS.build(name, target, random_init=True)
     from specbench.drafters.heads.backbone import DraftHead, HeadConfig, default_taps
