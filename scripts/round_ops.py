@@ -104,15 +104,12 @@ def build_drafter(name: str, target: Any, draft_vocab: int) -> Any:
 
 
 def shipped_head_config(name: str, target_name: str = "smollm2-135m") -> dict | None:
-    """The shipped `name` head's config.json (its depth, taps, block), for a random head of its shape;
-    None where no block head ships under that name."""
+    """The shipped `name` block head's config (its depth, taps, block), for a random head of its shape;
+    None where none ships under that name."""
     from specbench.drafters.heads.checkpoint import CONFIG_FILE, default_head_dir
 
     path = default_head_dir(name, target_name) / CONFIG_FILE
-    if not path.is_file():
-        return None
-    config = json.loads(path.read_text()).get("head", {})
-    return config if "taps" in config else None
+    return json.loads(path.read_text())["head"] if path.is_file() else None
 
 
 @contextlib.contextmanager
