@@ -92,6 +92,12 @@ bundle() { python3 scripts/bundle.py "$@"; }
 now() { date +%s; }
 log() { echo "[pipe $(( $(now) - $(cat $P/t0) ))s] $*"; }
 left() { echo $(( $(cat $P/t0) + $1 - $(now) )); }  # seconds until second $1 of the pipeline
+enough() {  # END NAME: whether MIN_PHASE_S (30) seconds are left before second END; if not, NAME is logged as
+  # skipped (and listed in failed.txt) rather than started with a timeout of zero or less, which `timeout` refuses
+  local s; s=$(left $1)
+  [ $s -ge ${MIN_PHASE_S:-30} ] && return 0
+  log "SKIPPED: $2 (${s} s left before its deadline, second $1)"; echo "$2 skipped" >> $P/failed.txt; return 1
+}
 failed() {  # NAME RC: a step that did not finish cleanly says so in the log that `collect` shows (124: its timeout)
   log "FAILED: $1 exited with $2$([ "$2" = 124 ] && echo ' (its deadline)')"; echo "$1 $2" >> $P/failed.txt
 }
@@ -212,6 +218,7 @@ phase_int4() {  # each head's GPTQ errors in $P/<kind>/<head>.txt, beside it (ta
 
 phase_tau() {
   local T=$P/tau heads="--heads-dir ${TAU_HEADS_DIR:-$RUN/heads}"; mkdir -p $T
+  enough ${TAU_END_S:-600} tau_table || return
   [ "${TAU_HEADS_DIR:-}" = shipped ] && heads=""
   [ -n "${TAU_HEADS:-}" ] && heads="--heads $TAU_HEADS"  # labelled head sets, e.g. int4 beside int3 of one run
   [ -n "${TAU_ROWS:-}" ] && zcat -f "$TAU_ROWS" > $T/tau.jsonl  # resume a table kept in the repository
@@ -227,6 +234,7 @@ phase_tau() {
 
 phase_jpptau() {
   local J=$P/jpptau; mkdir -p $J
+  enough ${JPP_END_S:-600} jetspecpp_tau || return
   [ -n "${JPP_ROWS:-}" ] && zcat -f "$JPP_ROWS" > $J/rows.jsonl  # resume a grid kept in the repository
   log "jetspec++ refinement grid by replay: ${JPP_SETTINGS:-J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n,J1R1:true,J1R1:stale}, n ${JPP_N:-50}"
   timeout $(left ${JPP_END_S:-600}) python3 scripts/jetspecpp_tau.py --device ${JPP_DEVICE:-$DEVICE} --replay ${REPLAY:-auto} --data $SPECBENCH_DATA \
@@ -259,7 +267,9 @@ phase_ablate() {
   # and the heads (int8, ~53 MB for five): a lost replay is then redone on any CPU (scripts/jetspecpp_tau.py)
   bundle pack ablation-heads heads --spool $SPOOL --base $RA --chunk-mib 14
   touch $P/ablate-train.done  # `collect SECONDS ablate-train` returns with them
-  if [ "${ABL_TABLE:-ablation}" = jpp ]; then  # every head of the run through jetspec++'s grid (Tables 4, 13-15)
+  if ! enough ${ABL_END_S:-900} "ablation table"; then
+    :  # the heads, curves and log went back above: the replay is for another machine
+  elif [ "${ABL_TABLE:-ablation}" = jpp ]; then  # every head of the run through jetspec++'s grid (Tables 4, 13-15)
     local hs="" h
     for h in $(ls $RA/heads); do hs="$hs --head $h=$RA/heads/$h"; done
     log "ablation grid (jetspecpp_tau):$hs"
@@ -376,6 +386,7 @@ phase_replaybench() {
 
 phase_gputests() {
   local G=$P/gputests; mkdir -p $G
+  enough ${GPUTEST_END_S:-400} "GPU tests" || return
   log "GPU tests"
   SPECBENCH_AUTOTUNE=${GPUTEST_AUTOTUNE:-first} SPECBENCH_JETSPECPP_HEAD=${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} timeout $(left ${GPUTEST_END_S:-400}) python3 -m pytest -m "${GPUTEST_MARK:-gpu}" ${GPUTEST_PATHS:-tests/gpu} ${GPUTEST_ARGS:-} -vv \
     -p no:cacheprovider -rs > $G/tests.txt 2>&1; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" $G/tests.txt | tail -40
@@ -412,6 +423,7 @@ phase_treeops() {
 phase_profile() {
   local R=$P/profile pargs=${PROFILE_ARGS:-}; mkdir -p $R
   [ -n "$pargs" ] || pargs='{"foresight": "on", "B": 16, "J": 1, "R": 1}'
+  enough ${PROFILE_END_S:-900} "kernel profile" || return
   log "kernel profile: ${PROFILE_CONFIGS:-jetspec++/chain/16} $pargs"
   timeout $(left ${PROFILE_END_S:-900}) python3 scripts/profile_round.py --device $DEVICE --dtype $DTYPE --prompts 1 \
     --max-new-tokens 128 --top 40 --kernels --configs "${PROFILE_CONFIGS:-jetspec++/chain/16}" \
@@ -422,6 +434,7 @@ phase_profile() {
 
 phase_rounds() {
   local R=$P/rounds; mkdir -p $R
+  enough ${ROUNDS_END_S:-600} "round table" || return
   log "round table"
   timeout $(left ${ROUNDS_END_S:-600}) python3 -m specbench.cli run experiments/round_table.py --device $DEVICE --dtype $DTYPE \
     --data-dir $SPECBENCH_DATA --out $R/round_table ${ROUNDS_ARGS:-} > $R/round_table.txt 2>&1 || failed "round table" $?
@@ -435,6 +448,7 @@ phase_rounds() {
 phase_newrounds() {  # e.g. grown heads' speed before they ship: specbench/heads/<drafter>-$TARGET replaced for the
   # round table, the shipped ones put back after it (the phases after this one, and a checkout, keep them)
   local R=$P/newrounds src=${NEW_HEADS:-$P/int4} h; mkdir -p $R/shipped
+  enough ${NEWROUNDS_END_S:-600} "new heads' round table" || return
   for h in $(ls $src); do
     [ -f $src/$h/config.json ] || continue
     [ -d specbench/heads/$h-$TARGET ] && cp -r specbench/heads/$h-$TARGET $R/shipped/

@@ -240,12 +240,48 @@ def accepted_counts(accepted: Sequence[int]) -> list[int]:
     return counts
 
 
-def run_parallel(args: argparse.Namespace, out: Path, script: str = __file__, key: Sequence[str] = ROW_KEY,
-                 show: Callable[[list[dict]], None] | None = None) -> int:
-    """N shard processes of `script` (this one, or another with the same --out/--shard/--parallel flags); their
-    rows (and any earlier rows in OUT) are merged into OUT by `key`, without duplicates."""
+# GPU memory of one replay worker on CUDA: each configuration holds its own graphed decoder (a fresh drafter,
+# caches, graph pools). Measured on an H100 on 2026-12-07: workers of 45 configurations (9 two-layer block heads)
+# held 5.0-6.2 GiB when 14 of them ran out of its 79 GiB.
+WORKER_BASE_GIB, WORKER_GIB_PER_CONFIG = 0.8, 0.13
+
+
+def gpu_total_gib() -> float | None:
+    """The first GPU's memory from nvidia-smi (the parent process stays off CUDA: its context would cost memory
+    the workers need); None without one."""
     import subprocess
 
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                              capture_output=True, text=True, timeout=30).stdout
+        return float(text.split()[0]) / 1024
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def workers_that_fit(parallel: int, configs: int, total_gib: float | None) -> int:
+    """At most `parallel` workers of `configs` configurations each in 90 % of a GPU of `total_gib`."""
+    if total_gib is None or configs <= 0:
+        return parallel
+    per_worker = WORKER_BASE_GIB + WORKER_GIB_PER_CONFIG * configs
+    return max(1, min(parallel, int(0.9 * total_gib / per_worker)))
+
+
+def run_parallel(args: argparse.Namespace, out: Path, script: str = __file__, key: Sequence[str] = ROW_KEY,
+                 show: Callable[[list[dict]], None] | None = None, configs: int | None = None) -> int:
+    """N shard processes of `script` (this one, or another with the same --out/--shard/--parallel flags); their
+    rows (and any earlier rows in OUT) are merged into OUT by `key`, without duplicates. On CUDA, with `configs`
+    (configurations per worker) given, N is lowered to the workers that fit in the GPU's memory."""
+    import subprocess
+
+    n = args.parallel
+    if configs is not None and str(getattr(args, "device", "")).startswith("cuda"):
+        total = gpu_total_gib()
+        n = workers_that_fit(args.parallel, configs, total)
+        if n < args.parallel:
+            print(f"tau_table: --parallel {args.parallel} lowered to {n}: about "
+                  f"{WORKER_BASE_GIB + WORKER_GIB_PER_CONFIG * configs:.1f} GiB a worker for {configs} configurations "
+                  f"on a {total:.0f} GiB GPU", file=sys.stderr)
     argv = [a for a in sys.argv[1:]]
     drop = {"--parallel", "--out", "--shard"}
     base, skip = [], False
@@ -259,7 +295,7 @@ def run_parallel(args: argparse.Namespace, out: Path, script: str = __file__, ke
         if a.split("=")[0] in drop:
             continue
         base.append(a)
-    shards = [out.with_suffix(f".shard{k}.jsonl") for k in range(args.parallel)]
+    shards = [out.with_suffix(f".shard{k}.jsonl") for k in range(n)]
     seed_rows = read_rows(out)
     for path in shards:  # every shard resumes from what is already known
         known = {json.dumps(r, sort_keys=True) for r in read_rows(path)}
@@ -267,7 +303,7 @@ def run_parallel(args: argparse.Namespace, out: Path, script: str = __file__, ke
             for r in seed_rows:
                 if json.dumps(r, sort_keys=True) not in known:
                     f.write(json.dumps(r) + "\n")
-    procs = [subprocess.Popen([sys.executable, script, *base, "--out", str(path), "--shard", f"{k}/{args.parallel}"])
+    procs = [subprocess.Popen([sys.executable, script, *base, "--out", str(path), "--shard", f"{k}/{n}"])
              for k, path in enumerate(shards)]
     codes = [proc.wait() for proc in procs]
     (show or print_table)(merge_shards(out, key))
@@ -335,7 +371,7 @@ def main() -> int:
         p.error("--compare prints from the rows in --out: add --table-only")
     out = Path(args.out)
     if args.parallel > 1:
-        return run_parallel(args, out)
+        return run_parallel(args, out, configs=len(configurations(args)))
     rows = read_rows(out)
     if args.table_only:
         print_table(rows)

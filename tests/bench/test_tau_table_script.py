@@ -150,3 +150,17 @@ def test_drafter_args_build_one_label_differently_and_bad_ones_fail(tmp_path: Pa
     built = {label: build() for label, build in drafter_builders(load_target(None), args).items()}
     assert (built["full"].block_size, built["short"].block_size) == (16, 4)
     assert built["short"].max_path == 5  # a round accepts at most 3 drafted tokens and the bonus (+ the root)
+
+
+def test_workers_on_cuda_are_capped_by_gpu_memory() -> None:
+    """14 workers of 45 configurations each ran an H100 (79 GiB) out of memory on 2026-12-07: the cap lowers
+    them to what fits, leaves a large GPU or a small table alone, and never goes below one worker."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import tau_table
+
+    assert tau_table.workers_that_fit(14, 45, 79.2) < 14
+    per_worker = tau_table.WORKER_BASE_GIB + 45 * tau_table.WORKER_GIB_PER_CONFIG
+    assert tau_table.workers_that_fit(14, 45, 79.2) * per_worker <= 0.9 * 79.2
+    assert tau_table.workers_that_fit(14, 15, 139.8) == 14
+    assert tau_table.workers_that_fit(14, 45, None) == 14       # no nvidia-smi: as asked
+    assert tau_table.workers_that_fit(14, 4000, 79.2) == 1
