@@ -222,7 +222,8 @@ def _state(target, drafter, prompt: list[int]) -> DraftState:
     return state
 
 
-@pytest.mark.parametrize("tree, budget", [("eagle2", 12), ("chain", 4)])
+@pytest.mark.parametrize("tree, budget", [pytest.param("eagle2", 12, marks=pytest.mark.slow),  # 33 s on CI's CPU
+                                          ("chain", 4)])
 def test_triton_head_attention_drafts_what_sdpa_drafts(tree: str, budget: int) -> None:
     """With the target on the Triton attention backend (interpreted on the CPU) the head's passes read
     the committed entries and this round's rows through the kernel, not SDPA over the whole cache: the
