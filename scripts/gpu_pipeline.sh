@@ -92,10 +92,11 @@ bundle() { python3 scripts/bundle.py "$@"; }
 now() { date +%s; }
 log() { echo "[pipe $(( $(now) - $(cat $P/t0) ))s] $*"; }
 left() { echo $(( $(cat $P/t0) + $1 - $(now) )); }  # seconds until second $1 of the pipeline
-enough() {  # END NAME: whether MIN_PHASE_S (30) seconds are left before second END; if not, NAME is logged as
-  # skipped (and listed in failed.txt) rather than started with a timeout of zero or less, which `timeout` refuses
+enough() {  # END NAME [MIN]: whether MIN (default MIN_PHASE_S, 30) seconds are left before second END; if not,
+  # NAME is logged as skipped (and listed in failed.txt) rather than started with a timeout of zero or less, which
+  # `timeout` refuses
   local s; s=$(left $1)
-  [ $s -ge ${MIN_PHASE_S:-30} ] && return 0
+  [ $s -ge ${3:-${MIN_PHASE_S:-30}} ] && return 0
   log "SKIPPED: $2 (${s} s left before its deadline, second $1)"; echo "$2 skipped" >> $P/failed.txt; return 1
 }
 failed() {  # NAME RC: a step that did not finish cleanly says so in the log that `collect` shows (124: its timeout)
@@ -474,7 +475,7 @@ phase_fstable() {
   for tree in ${FS_TREES:-chain:16}; do
     for v in "${vlist[@]}"; do
       IFS='|' read -r tag cfgs args <<< "$v"
-      [ $(left ${FS_END_S:-700}) -lt 45 ] && { log "no time for the $tree$tag foresight table"; continue; }
+      enough ${FS_END_S:-700} "the $tree$tag foresight table" 45 || continue
       log "foresight_table $tree$tag: $cfgs $args"
       timeout $(left ${FS_END_S:-700}) python3 scripts/foresight_table.py --data $SPECBENCH_DATA --device $DEVICE --dtype $DTYPE \
         --target $TARGET --head ${JPP_HEAD:-specbench/heads/jetspec++-smollm2-135m} ${FS_CAL:+--calibration $FS_CAL} --tree $tree \
@@ -502,7 +503,7 @@ phase_eval() {  # the new heads are the shipped ones for this copy
   tail -40 $E/hits.txt
   cal=""; [ -f $E/hits/calibration.json ] && cal="--calibration $E/hits/calibration.json"
   for tree in chain:16 ddtree:64; do
-    [ $(left ${PIPE_END_S:-1320}) -lt 60 ] && { log "no time for the $tree table"; continue; }
+    enough ${PIPE_END_S:-1320} "the $tree foresight table" 60 || continue
     log "foresight_table $tree"
     timeout $(( $(left ${PIPE_END_S:-1320}) > 200 ? 200 : $(left ${PIPE_END_S:-1320}) )) python3 scripts/foresight_table.py \
       --data $SPECBENCH_DATA --device $DEVICE --dtype $DTYPE --target $TARGET --head $JPP $cal --tree $tree --n ${FS_N:-5} \
