@@ -87,6 +87,12 @@ def paired(rows: list[dict], spec: str) -> list[dict]:
     return out
 
 
+def worker_configs(args: argparse.Namespace) -> int:
+    """Configurations one worker holds on CUDA (a graphed decoder each): heads x settings x trees, which
+    `run_parallel` turns into the workers that fit in the GPU's memory."""
+    return len(args.head) * len(args.settings.split(",")) * len(args.trees.split(","))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=None, help="benchmark data directory (default $SPECBENCH_DATA)")
@@ -121,7 +127,7 @@ def main() -> int:
         p.error("--compare prints from the rows in --out: add --table-only (a replay run prints only the table)")
     out = Path(args.out)
     if args.parallel > 1 and not args.table_only:
-        return run_parallel(args, out, script=__file__, key=ROW_KEY, show=print_table)
+        return run_parallel(args, out, script=__file__, key=ROW_KEY, show=print_table, configs=worker_configs(args))
     rows = read_rows(out)
     if args.table_only:
         print_table(rows)

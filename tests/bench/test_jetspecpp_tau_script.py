@@ -58,3 +58,17 @@ def test_paired_compare_uses_only_prompts_both_configurations_have() -> None:
     assert got["ddtree/16"]["n"] == 1 and got["ddtree/16"]["mean"] == -1.0
     with pytest.raises(SystemExit, match="HEAD SETTING - HEAD SETTING"):
         jetspecpp_tau.paired(rows, "h J1R0 minus h J0R0")
+
+
+def test_parallel_workers_are_sized_by_their_configurations() -> None:
+    """--parallel on CUDA is capped by GPU memory per configuration (as tau_table's): a worker holds one graphed
+    decoder per head x setting x tree, so 4 heads x 6 settings x 2 trees on an H100 get fewer than 14 workers."""
+    import argparse
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import jetspecpp_tau
+    import tau_table
+
+    args = argparse.Namespace(head=["a=w", "b=x", "c=y", "d=z"], settings="J0R0,J1R0,J2R0,J3R0,J1R1,J1R1n", trees="chain:16,ddtree:64")
+    assert jetspecpp_tau.worker_configs(args) == 48
+    assert tau_table.workers_that_fit(14, jetspecpp_tau.worker_configs(args), 79.2) < 14
