@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_replay.py"
 
 
+@pytest.mark.slow  # a script run of ~25-50 s on CI's cores; tau_table's device-replay test checks the same agreement by default
 def test_both_paths_agree_and_are_timed(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

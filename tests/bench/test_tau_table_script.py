@@ -28,6 +28,7 @@ def rows_by_key(path: Path) -> dict[tuple, dict]:
     return keyed
 
 
+@pytest.mark.slow  # three runs of the script (~30-60 s on CI's cores); the shards test below covers resuming by default
 def test_pieces_from_both_ends_equal_one_run(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

@@ -41,7 +41,7 @@ def test_kernel_equals_reference(device, use_topk, rows, vocab, k, chunk, merge)
 
 @pytest.mark.parametrize("rows, vocab, k, dtype", [(3, 1024, 10, torch.float32), (2, 1000, 1, torch.float32),
                                                    (2, 333, 333, torch.float32), (1, 1, 1, torch.float32),
-                                                   (5, 2048, 16, torch.bfloat16)])
+                                                   (2, 2048, 16, torch.bfloat16)])
 def test_a_row_in_one_program_is_ranked_in_one_launch(device, rows, vocab, k, dtype) -> None:
     """Rows up to ONE_PASS_MAX wide with the default chunk: the chunk pass writes the result itself, the same
     as the reference and as the two-pass path."""
