@@ -279,7 +279,7 @@ def run_parallel(args: argparse.Namespace, out: Path, script: str = __file__, ke
         total = gpu_total_gib()
         n = workers_that_fit(args.parallel, configs, total)
         if n < args.parallel:
-            print(f"tau_table: --parallel {args.parallel} lowered to {n}: about "
+            print(f"{Path(script).stem}: --parallel {args.parallel} lowered to {n}: about "
                   f"{WORKER_BASE_GIB + WORKER_GIB_PER_CONFIG * configs:.1f} GiB a worker for {configs} configurations "
                   f"on a {total:.0f} GiB GPU", file=sys.stderr)
     argv = [a for a in sys.argv[1:]]
